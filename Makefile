@@ -1,0 +1,58 @@
+# edgegpu: the one entry point for people and CI. `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+HOST   ?= 127.0.0.1
+PORT   ?= 8888
+NODES  ?= 4
+
+.DEFAULT_GOAL := help
+.PHONY: help venv run test pytest lint format typecheck imports check bench bench-quick gpu-check clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP) ## create .venv and install the project with every extra
+
+run: $(STAMP) ## start the extender on $(HOST):$(PORT) with $(NODES) simulated node agents
+	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES)
+
+test: $(STAMP) lint typecheck imports pytest ## everything CI runs: lint, types, layers, tests
+
+pytest: $(STAMP) ## the test suite only
+	$(PY) -m pytest
+
+lint: $(STAMP) ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP) ## apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP) ## mypy --strict on both packages
+	$(VENV)/bin/mypy
+
+imports: $(STAMP) ## import-linter: the layer contracts in pyproject.toml
+	$(VENV)/bin/lint-imports
+
+check: test ## alias of test
+
+bench-quick: $(STAMP) ## short benchmarks (a few minutes)
+	$(PY) -m benchmarks.policy_cost --quick
+
+bench: $(STAMP) ## every benchmark (long)
+	$(PY) -m benchmarks.policy_cost
+
+gpu-check: $(STAMP) ## on a machine with an NVIDIA GPU: real NVML sampling, power-limit dry run, CUDA probe
+	$(PY) -m tools.gpu_check
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+"""``python -m scheduler_extender``: start the extender."""
+
+from scheduler_extender.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""What every route reads: settings, state, metrics, binder. Held on ``app.state.ctx``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.k8s.binder import Binder
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.state.cluster import ClusterState
+
+log = logging.getLogger("scheduler_extender")
+
+
+@dataclass
+class AppContext:
+    """The app's dependencies, built once by ``create_app``."""
+
+    settings: ExtenderSettings
+    state: ClusterState
+    metrics: ExtenderMetrics
+    binder: Binder | None = None
+    policy_source: str = "defaults"
+    ready: bool = True
+    warned: set[str] = field(default_factory=set)
+
+    def warn_once(self, key: str, message: str) -> None:
+        """Log a warning the first time only."""
+        if key not in self.warned:
+            self.warned.add(key)
+            log.warning(message)
+
+
+def get_ctx(request: Request) -> AppContext:
+    """The context of the app serving this request."""
+    ctx: AppContext = request.app.state.ctx
+    return ctx
+
+
+class BodyTooLarge(Exception):
+    """The request body is over its cap."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing anything over ``limit`` bytes without reading it all."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise BodyTooLarge(f"body of {length} bytes is over the limit of {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

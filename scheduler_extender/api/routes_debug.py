@@ -1,0 +1,174 @@
+"""Debug and ops endpoints for curl: nodes, explain, policy, health, readiness, metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_extender.api import verbs
+from scheduler_extender.api.context import AppContext, BodyTooLarge, get_ctx, read_body
+from scheduler_extender.errors import RequestError
+from scheduler_extender.policy import memory
+from scheduler_extender.state.cluster import ClusterState
+
+router = APIRouter()
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
+    record = state.store.get(node)
+    row = state.table.row(node)
+    now = state.clock.monotonic()
+    wall_offset = state.clock.wall() - now
+    spec = state.policy.spec
+    assignments = state.allocations.on_node(node)
+    view: dict[str, Any] = {"node": node}
+    if record is None or row is None:
+        view.update(reported=False, gpus=[])
+    else:
+        report = record.report
+        age = now - record.received_at
+        view.update(
+            reported=True,
+            age_s=round(age, 3),
+            stale=age > spec.stale_telemetry.stale_after_s(report.interval_s),
+            agent=report.agent.model_dump(),
+            rack=state.table.rack_name(int(state.table.column("rack")[row])),
+            rdma=bool(state.table.column("rdma")[row]),
+            node_health=report.node_health.model_dump(),
+        )
+        batch = state.table.gather(np.array([row]), now, spec.thermal_throttling)
+        free = memory.free_blocks(
+            batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+        )[0]
+        gpus = []
+        for gpu in report.gpus:
+            i = gpu.index
+            until = float(batch.excluded_until[0, i])
+            entry: dict[str, Any] = {
+                "index": i,
+                "uuid": gpu.uuid,
+                "model": gpu.model,
+                "temperature_c": gpu.temperature_c,
+                "power_w": gpu.power_w,
+                "power_limit_w": gpu.power_limit_w,
+                "utilization_pct": gpu.utilization_pct,
+                "memory_total_mib": gpu.memory_total_mib,
+                "memory_used_mib": gpu.memory_used_mib,
+                "free_blocks": int(free[i]),
+                "allocated_blocks": int(batch.allocated_blocks[0, i]),
+                "held_whole": bool(batch.whole_taken[0, i]),
+                "hot": until == float("inf"),
+                "cool_down_until": _iso(until + wall_offset)
+                if now < until < float("inf")
+                else None,
+                "health": gpu.health,
+                "health_reasons": list(gpu.health_reasons),
+            }
+            if full:
+                entry.update(
+                    sm_clock_mhz=gpu.sm_clock_mhz,
+                    sm_clock_max_mhz=gpu.sm_clock_max_mhz,
+                    throttle_reasons=list(gpu.throttle_reasons),
+                    ecc_uncorrected=gpu.ecc_uncorrected,
+                    xid_last=gpu.xid_last,
+                    processes=[p.model_dump() for p in gpu.processes],
+                )
+            gpus.append(entry)
+        view["gpus"] = gpus
+        if full:
+            view["labels"] = dict(report.labels)
+            view["sampled_at"] = report.sampled_at.isoformat()
+            view["received_at"] = _iso(record.received_wall)
+    view["reservations"] = [
+        {
+            "pod": f"{a.namespace}/{a.name}",
+            "uid": a.pod_uid,
+            "gpus": list(a.gpu_indices),
+            "mem_blocks": a.mem_blocks,
+            "whole": a.whole,
+            "qos": a.qos.wire,
+            "assigned_at": _iso(a.assigned_at),
+        }
+        for a in assignments
+    ]
+    return view
+
+
+@router.get("/debug/nodes", tags=["debug"], summary="One row per node")
+async def debug_nodes(request: Request) -> JSONResponse:
+    """Freshness, rack, and per GPU temperature, power, free blocks, cool-down and health."""
+    state = get_ctx(request).state
+    names = sorted(set(state.store.nodes()) | set(state.table.names()))
+    return JSONResponse({"nodes": [_node_view(state, n, full=False) for n in names]})
+
+
+@router.get("/debug/nodes/{name}", tags=["debug"], summary="One node in full")
+async def debug_node(name: str, request: Request) -> JSONResponse:
+    """Everything known about one node, its last report and its GPU reservations."""
+    state = get_ctx(request).state
+    if name not in state.table and state.store.get(name) is None:
+        raise HTTPException(404, f"no node {name!r}: it never reported and holds no reservation")
+    return JSONResponse(_node_view(state, name, full=True))
+
+
+@router.post(
+    "/debug/explain",
+    tags=["debug"],
+    summary="Why each node passes or fails, and every score term",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    },
+)
+async def debug_explain(request: Request) -> JSONResponse:
+    """Body: an ExtenderArgs as the scheduler would send it."""
+    ctx: AppContext = get_ctx(request)
+    try:
+        body = await read_body(request, ctx.settings.max_request_bytes)
+        return JSONResponse(verbs.explain(ctx, body))
+    except (RequestError, BodyTooLarge) as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+@router.get("/debug/policy", tags=["debug"], summary="The policy in force")
+async def debug_policy(request: Request) -> JSONResponse:
+    """The GPUSchedulingPolicy with every default filled in, and where it came from."""
+    ctx = get_ctx(request)
+    return JSONResponse({"source": ctx.policy_source, "policy": ctx.state.policy.describe()})
+
+
+@router.get("/healthz", tags=["ops"])
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["ops"])
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: the policy is loaded and the caches are synced."""
+    ctx = get_ctx(request)
+    body = {
+        "ready": ctx.ready,
+        "policy": ctx.state.policy.metadata.name,
+        "nodes": len(ctx.state.store),
+    }
+    return JSONResponse(body, status_code=200 if ctx.ready else 503)
+
+
+@router.get("/metrics", tags=["ops"])
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(
+        generate_latest(get_ctx(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

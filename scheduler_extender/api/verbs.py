@@ -1,0 +1,273 @@
+"""The scheduler verbs as functions of bytes: decode → translate → policy → encode.
+
+No HTTP here, so the verbs can be called by tests and benchmarks directly. Every failure
+becomes an answer the scheduler understands; nothing raises out of these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from scheduler_extender.api.context import AppContext
+from scheduler_extender.domain import Assignment, PodDemand
+from scheduler_extender.errors import BindError, RequestError
+from scheduler_extender.k8s import translate, wire
+from scheduler_extender.policy.base import Reason
+from scheduler_extender.policy.combine import evaluate
+from scheduler_extender.policy.qos import TERMS
+
+log = logging.getLogger("scheduler_extender")
+
+# Evicting pods can only help a node that fails for want of free room right now.
+_PREEMPTION_HELPS = frozenset({Reason.OK, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS})
+
+
+def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
+    demand = translate.pod_demand(pod, ctx.state.policy.spec.qos)
+    ctx.state.remember_demand(demand)
+    return demand
+
+
+def filter_verb(ctx: AppContext, body: bytes) -> bytes:
+    """``POST /filter``: the nodes that can take the pod, and why the others cannot."""
+    args: wire.ExtenderArgs | None = None
+    try:
+        args = wire.parse_extender_args(body, "filter")
+        demand = _demand(ctx, args.pod)
+        names = args.candidates()
+        ev = ctx.state.evaluate(names, demand, args.labels())
+        ctx.metrics.count_verdicts("filter", ev.reason, ev.passed)
+        passed_mask = ev.passed.tolist()
+        passed = {n for n, ok in zip(names, passed_mask, strict=True) if ok}
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if len(passed) < len(names):
+            for i in np.flatnonzero(~ev.passed).tolist():
+                reason = Reason(int(ev.reason[i]))
+                (failed if reason.resolvable else unresolvable)[names[i]] = reason.text
+        return wire.encode_filter_result(args, passed, failed, unresolvable)
+    except RequestError as exc:
+        ctx.metrics.request_errors.labels("filter", "malformed").inc()
+        log.info("filter: %s", exc)
+        return wire.encode_filter_result(None, None, error=str(exc))
+    except Exception as exc:  # a bug must not become a 500 the scheduler cannot read
+        ctx.metrics.request_errors.labels("filter", "internal").inc()
+        log.exception("filter: internal error")
+        return wire.encode_filter_result(
+            None, None, error=f"edgegpu: internal error ({type(exc).__name__})"
+        )
+
+
+def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
+    """``POST /prioritize``: a 0..10 score for every node sent, and only those."""
+    try:
+        args = wire.parse_extender_args(body, "prioritize")
+        demand = _demand(ctx, args.pod)
+        names = args.candidates()
+        ev = ctx.state.evaluate(names, demand, args.labels())
+        return wire.encode_priorities(names, ev.points.tolist())
+    except RequestError as exc:
+        # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
+        ctx.metrics.request_errors.labels("prioritize", "malformed").inc()
+        log.warning("prioritize: %s", exc)
+    except Exception:
+        ctx.metrics.request_errors.labels("prioritize", "internal").inc()
+        log.exception("prioritize: internal error")
+    return b"[]"
+
+
+def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
+    """``POST /preempt``: keep the candidate nodes where evicting the victims can help.
+
+    A node is dropped when it is hot, unhealthy, stale or too small for the pod, or when the
+    victims' known GPU assignments would not free enough room on one GPU. Victim order is kept
+    (the scheduler expects decreasing priority).
+    """
+    try:
+        args = wire.parse_preemption_args(body)
+    except RequestError as exc:
+        ctx.metrics.request_errors.labels("preempt", "malformed").inc()
+        log.warning("preempt: %s", exc)
+        return wire.encode_preemption_result({})
+    try:
+        demand = _demand(ctx, args.pod)
+        if not demand.wants_gpu or not args.victims:
+            return wire.encode_preemption_result(args.victims)
+        names = list(args.victims)
+        state = ctx.state
+        ev = state.evaluate(names, demand)
+        batch = state.batch(names)
+        kept: dict[str, wire.Victims] = {}
+        for i, node in enumerate(names):
+            victims = args.victims[node]
+            reason = Reason(int(ev.reason[i]))
+            if not ev.passed[i] and reason not in _PREEMPTION_HELPS:
+                continue
+            if not victims.uids:
+                kept[node] = victims  # a placeholder node (no victims): pass it through
+                continue
+            known = [state.allocations.get(uid) for uid in victims.uids]
+            if ev.passed[i] or not all(a is not None and a.node == node for a in known):
+                kept[node] = victims
+                continue
+            # Every victim is ours: would freeing their GPUs make room?
+            allocated = batch.allocated_blocks[i : i + 1].copy()
+            whole = batch.whole_taken[i : i + 1].copy()
+            for a in known:
+                assert a is not None
+                for g in a.gpu_indices:
+                    if a.whole:
+                        whole[0, g] = False
+                    else:
+                        allocated[0, g] = max(allocated[0, g] - a.mem_blocks, 0)
+            single = state.table.gather(
+                state.table.rows([node]),
+                state.clock.monotonic(),
+                state.policy.spec.thermal_throttling,
+            )
+            after = evaluate(
+                dataclasses.replace(single, allocated_blocks=allocated, whole_taken=whole),
+                demand,
+                state.policy,
+                state.context(demand),
+            )
+            if after.passed[0]:
+                kept[node] = victims
+        return wire.encode_preemption_result(kept)
+    except RequestError as exc:
+        ctx.metrics.request_errors.labels("preempt", "malformed").inc()
+        log.warning("preempt: %s", exc)
+    except Exception:
+        ctx.metrics.request_errors.labels("preempt", "internal").inc()
+        log.exception("preempt: internal error")
+    # When in doubt, leave the scheduler's own choice alone.
+    return wire.encode_preemption_result(args.victims)
+
+
+def choose_assignment(
+    ctx: AppContext, demand: PodDemand, node: str
+) -> tuple[Assignment | None, str]:
+    """The GPUs bind gives the pod on a node, or why there are none."""
+    state = ctx.state
+    current = state.allocations.get(demand.uid)
+    if current is not None and current.node == node:
+        return current, ""
+    ev = state.evaluate([node], demand)
+    if not ev.passed[0]:
+        return None, f"node {node} cannot take the pod: {Reason(int(ev.reason[0])).text}"
+    slots = tuple(int(g) for g in ev.gpus[0] if g >= 0)
+    if not slots:
+        return None, f"node {node}: no gpu telemetry to choose a gpu from"
+    return (
+        Assignment(
+            pod_uid=demand.uid,
+            namespace=demand.namespace,
+            name=demand.name,
+            node=node,
+            gpu_indices=slots,
+            gpu_uuids=state.gpu_uuids(node, slots),
+            mem_blocks=demand.mem_blocks,
+            whole=demand.needs_whole_gpu,
+            qos=demand.qos,
+            group=demand.group,
+            assigned_at=state.clock.wall(),
+        ),
+        "",
+    )
+
+
+async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
+    """``POST /bind``: choose the GPUs, record them, then have the binder create the Binding."""
+    try:
+        args = wire.parse_binding_args(body)
+    except RequestError as exc:
+        ctx.metrics.binds.labels("malformed").inc()
+        return wire.encode_binding_result(str(exc))
+    demand = ctx.state.demand_of(args.pod_uid) if args.pod_uid else None
+    if demand is None:
+        ctx.metrics.binds.labels("unknown_pod").inc()
+        return wire.encode_binding_result(
+            f"edgegpu: pod {args.pod_namespace}/{args.pod_name} was never filtered by this "
+            "extender; configure filterVerb together with bindVerb"
+        )
+    try:
+        assignment, why = choose_assignment(ctx, demand, args.node)
+        if assignment is None:
+            ctx.metrics.binds.labels("no_fit").inc()
+            return wire.encode_binding_result(f"edgegpu: {why}")
+        gpus = ", ".join(
+            f"{i} ({u})" if u else str(i)
+            for i, u in zip(assignment.gpu_indices, assignment.gpu_uuids, strict=True)
+        )
+        if ctx.binder is None:
+            ctx.metrics.binds.labels("no_binder").inc()
+            return wire.encode_binding_result(
+                f"edgegpu: no binder configured (embedded mode, no cluster): would assign gpu "
+                f"{gpus} on node {args.node}"
+            )
+        ctx.state.assign(assignment)
+        try:
+            await ctx.binder.bind(assignment)
+        except BindError as exc:
+            ctx.state.release(assignment.pod_uid)
+            ctx.metrics.binds.labels("failed").inc()
+            return wire.encode_binding_result(f"edgegpu: bind failed: {exc}")
+        ctx.metrics.binds.labels("bound").inc()
+        log.info("bound %s/%s to %s gpu %s", args.pod_namespace, args.pod_name, args.node, gpus)
+        return wire.encode_binding_result("")
+    except Exception as exc:
+        ctx.state.release(demand.uid)
+        ctx.metrics.binds.labels("failed").inc()
+        log.exception("bind: internal error")
+        return wire.encode_binding_result(f"edgegpu: internal error ({type(exc).__name__})")
+
+
+def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
+    """``POST /debug/explain``: every node's verdict, reason and score terms, raw and weighted."""
+    args = wire.parse_extender_args(body, "explain")
+    demand = translate.pod_demand(args.pod, ctx.state.policy.spec.qos)
+    names = args.candidates()
+    ev = ctx.state.evaluate(names, demand, args.labels())
+    total_weight = sum(ev.weights) or 1.0
+    nodes = []
+    for i, node in enumerate(names):
+        reason = Reason(int(ev.reason[i]))
+        verdict = "passed" if ev.passed[i] else ("failed" if reason.resolvable else "unresolvable")
+        terms = {
+            term: {
+                "value": round(float(ev.terms[i, t]), 4),
+                "weight": ev.weights[t],
+                "weighted": round(float(ev.terms[i, t]) * ev.weights[t] / total_weight, 4),
+            }
+            for t, term in enumerate(TERMS)
+        }
+        nodes.append(
+            {
+                "node": node,
+                "verdict": verdict,
+                "reason": reason.text or None,
+                "score": int(ev.points[i]),
+                "score_exact": round(float(ev.score[i]), 4),
+                "gpus": [int(g) for g in ev.gpus[i] if g >= 0],
+                "terms": terms,
+            }
+        )
+    return {
+        "pod": {
+            "namespace": demand.namespace,
+            "name": demand.name,
+            "uid": demand.uid,
+            "qos": demand.qos.wire,
+            "mem_blocks": demand.mem_blocks,
+            "whole_gpus": demand.whole_gpus,
+            "group": demand.group,
+        },
+        "formula": (
+            "score = round(10 · Σ weight·value / Σ weight); 'weighted' = weight·value / Σ weight"
+        ),
+        "nodes": nodes,
+    }

@@ -1,0 +1,118 @@
+"""Prometheus metrics of the extender, built against an injected registry.
+
+Imports prometheus-client, numpy and ``state`` (the telemetry-age collector reads the store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from scheduler_extender.policy.base import Reason
+from scheduler_extender.state.cluster import ClusterState
+
+# Sub-millisecond resolution: the scheduler waits on every call, so 1 ms matters.
+_LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+
+class _TelemetryAge(Collector):
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state
+        now = state.clock.monotonic()
+        age = GaugeMetricFamily(
+            "edgegpu_extender_telemetry_age_seconds",
+            "Seconds since the node's last accepted telemetry report.",
+            labels=["node"],
+        )
+        stale = GaugeMetricFamily(
+            "edgegpu_extender_telemetry_stale",
+            "1 when the node's telemetry is older than staleAfter.",
+            labels=["node"],
+        )
+        args = state.policy.spec.stale_telemetry
+        for node in state.store.nodes():
+            record = state.store.get(node)
+            if record is None:
+                continue
+            seconds = now - record.received_at
+            age.add_metric([node], seconds)
+            stale.add_metric([node], float(seconds > args.stale_after_s(record.report.interval_s)))
+        yield age
+        yield stale
+
+
+class ExtenderMetrics:
+    """Every collector of the extender."""
+
+    def __init__(self, registry: CollectorRegistry, state: ClusterState) -> None:
+        self.registry = registry
+        self.latency = Histogram(
+            "edgegpu_extender_request_duration_seconds",
+            "Time to answer one scheduler or telemetry request, by verb.",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "edgegpu_extender_decisions_total",
+            "Node verdicts given by filter, by result and reason.",
+            ["verb", "result", "reason"],
+            registry=registry,
+        )
+        self.request_errors = Counter(
+            "edgegpu_extender_request_errors_total",
+            "Scheduler requests answered with an error, by verb and kind (malformed, internal).",
+            ["verb", "kind"],
+            registry=registry,
+        )
+        self.telemetry = Counter(
+            "edgegpu_extender_telemetry_reports_total",
+            "Telemetry pushes by result (accepted, ignored, invalid, too_large, unauthorized).",
+            ["result"],
+            registry=registry,
+        )
+        self.binds = Counter(
+            "edgegpu_extender_binds_total",
+            "Bind requests by result (bound, no_binder, no_fit, unknown_pod, failed, malformed).",
+            ["result"],
+            registry=registry,
+        )
+        registry.register(_TelemetryAge(state))
+
+    def count_verdicts(
+        self, verb: str, reasons: npt.NDArray[np.int64], passed: npt.NDArray[np.bool_]
+    ) -> None:
+        """Add one request's verdicts: one counter update per distinct reason, not per node."""
+        codes, counts = np.unique(np.where(passed, 0, reasons), return_counts=True)
+        for code, count in zip(codes.tolist(), counts.tolist(), strict=True):
+            reason = Reason(code)
+            if reason is Reason.OK:
+                result, label = "passed", "ok"
+            else:
+                result = "failed" if reason.resolvable else "unresolvable"
+                label = reason.name.lower()
+            self.decisions.labels(verb, result, label).inc(count)

@@ -1,0 +1,40 @@
+"""Every name edgegpu defines on pods and nodes (DESIGN.md §4), in one place.
+
+Imports nothing: the policy, the wire layer and the agent all read these constants.
+"""
+
+from typing import Final
+
+PREFIX: Final = "edgegpu.io/"
+
+# Pod annotations and labels.
+QOS_ANNOTATION: Final = "edgegpu.io/qos"
+GROUP_LABEL: Final = "edgegpu.io/group"
+GROUP_LABEL_FALLBACKS: Final = (
+    "scheduling.x-k8s.io/pod-group",
+    "volcano.sh/job-name",
+    "training.kubeflow.org/job-name",
+)
+GROUP_SIZE_ANNOTATION: Final = "edgegpu.io/group-size"
+GPU_INDEX_ANNOTATION: Final = "edgegpu.io/gpu-index"
+GPU_UUID_ANNOTATION: Final = "edgegpu.io/gpu-uuid"
+ASSIGNED_AT_ANNOTATION: Final = "edgegpu.io/assigned-at"
+
+# Extended resources.
+MEM_BLOCK_RESOURCE: Final = "edgegpu.io/gpu-mem-block"
+WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
+MANAGED_RESOURCES: Final = (MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCE)
+
+# Node labels, annotations and taints.
+RACK_LABEL: Final = "edgegpu.io/rack"
+RACK_LABEL_FALLBACK: Final = "topology.kubernetes.io/zone"
+RDMA_LABEL: Final = "edgegpu.io/rdma"
+REMEDIATION_ANNOTATION: Final = "edgegpu.io/remediation"
+UNHEALTHY_TAINT: Final = "edgegpu.io/gpu-unhealthy"
+
+# Telemetry.
+TELEMETRY_SCHEMA: Final = "edgegpu.io/telemetry/v1"
+
+# Policy document.
+POLICY_API_VERSION: Final = "kepler.io/v1"
+POLICY_KIND: Final = "GPUSchedulingPolicy"

@@ -1,0 +1,120 @@
+"""Shared pieces of the rules: score range, verdict reasons, durations.
+
+Imports only pydantic and the standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+
+MAX_SCORE: Final = 10
+"""kube-scheduler's MaxExtenderPriority: prioritize answers lie in 0..MAX_SCORE."""
+
+
+class ArgsModel(BaseModel):
+    """Config shared by every rule's Args model: camelCase keys as in the CRD, no typos."""
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, validate_default=True
+    )
+
+
+class Reason(enum.IntEnum):
+    """Why a node failed the filter. The text is short, stable and has no node name in it."""
+
+    OK = 0
+    TELEMETRY_MISSING = 1
+    TELEMETRY_STALE = 2
+    NO_GPU = 3
+    DRIVER_NOT_OK = 4
+    ALL_UNHEALTHY = 5
+    REQUEST_EXCEEDS_GPU = 6
+    TOO_FEW_GPUS = 7
+    GPU_HOT = 8
+    GPU_COOLING_DOWN = 9
+    NO_FREE_BLOCKS = 10
+    NO_FREE_GPUS = 11
+
+    @property
+    def text(self) -> str:
+        """The message put in FailedNodes / FailedAndUnresolvableNodes."""
+        return _TEXT[self]
+
+    @property
+    def resolvable(self) -> bool:
+        """Whether evicting pods (preemption) or waiting could make the node fit."""
+        return self in _RESOLVABLE
+
+
+_TEXT: Final = {
+    Reason.OK: "",
+    Reason.TELEMETRY_MISSING: "edgegpu: no gpu telemetry from node",
+    Reason.TELEMETRY_STALE: "edgegpu: gpu telemetry is stale",
+    Reason.NO_GPU: "edgegpu: node has no gpu",
+    Reason.DRIVER_NOT_OK: "edgegpu: gpu driver not ok",
+    Reason.ALL_UNHEALTHY: "edgegpu: every gpu is unhealthy",
+    Reason.REQUEST_EXCEEDS_GPU: "edgegpu: gpu-mem-block request exceeds every gpu",
+    Reason.TOO_FEW_GPUS: "edgegpu: node has fewer usable gpus than requested",
+    Reason.GPU_HOT: "edgegpu: gpu too hot",
+    Reason.GPU_COOLING_DOWN: "edgegpu: gpu cooling down",
+    Reason.NO_FREE_BLOCKS: "edgegpu: not enough free gpu-mem-blocks on one gpu",
+    Reason.NO_FREE_GPUS: "edgegpu: not enough free whole gpus",
+}
+
+# Hot and cooling GPUs will cool; busy GPUs can be freed by preemption. Missing or stale
+# telemetry, absent hardware and unhealthy GPUs cannot be fixed by evicting pods.
+_RESOLVABLE: Final = frozenset(
+    {Reason.GPU_HOT, Reason.GPU_COOLING_DOWN, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS}
+)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration_s(value: Any) -> float:
+    """Read a Go-style duration (``"5m"``, ``"1h30m"``, ``"90s"``) or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a string such as '5m' or a number of seconds")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_S[match.group(2)]
+            pos = match.end()
+        if not text or pos != len(text):
+            raise ValueError(f"{value!r} is not a duration (examples: '30s', '5m', '1h30m')")
+    else:
+        raise ValueError("a duration is a string such as '5m' or a number of seconds")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Write seconds back as a Go-style duration (``300.0`` → ``"5m"``)."""
+    if seconds == 0:
+        return "0s"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = ""
+    if hours:
+        out += f"{int(hours)}h"
+    if minutes:
+        out += f"{int(minutes)}m"
+    if secs:
+        out += f"{secs:g}s"
+    return out
+
+
+Duration = Annotated[
+    float, BeforeValidator(parse_duration_s), PlainSerializer(format_duration, return_type=str)
+]
+"""Seconds in memory; a Go-style duration string in documents."""

@@ -1,0 +1,224 @@
+"""Combine the rules into one verdict and one 0..10 score per node, for every node at once.
+
+Pure: ``evaluate`` is a function of the node batch, the pod's demand, the policy and the time.
+Imports numpy, ``domain`` and the rule modules only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_extender.domain import Health, PodDemand
+from scheduler_extender.policy import memory, power, thermal, topology
+from scheduler_extender.policy.base import MAX_SCORE, Reason
+from scheduler_extender.policy.document import Policy
+from scheduler_extender.policy.qos import TERMS
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_TOPOLOGY = TERMS.index("topology")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBatch:
+    """The candidate nodes of one request as arrays: shape (N,) per node, (N, G) per GPU slot.
+
+    A slot without a GPU has ``present`` False. Unknown readings are NaN.
+    """
+
+    known: BoolArray
+    """Telemetry was ever received from the node."""
+    age_s: FloatArray
+    """Seconds since the node's last accepted report (by the extender's clock)."""
+    interval_s: FloatArray
+    driver_ok: BoolArray
+    present: BoolArray
+    health: npt.NDArray[np.int8]
+    temperature_c: FloatArray
+    power_w: FloatArray
+    power_limit_w: FloatArray
+    utilization_pct: FloatArray
+    memory_total_mib: FloatArray
+    unaccounted_used_mib: FloatArray
+    """Memory in use by anything other than pods assigned to this GPU."""
+    excluded_until: FloatArray
+    """Thermal hysteresis: +inf while hot, the end of the cool-down after, -inf if never hot."""
+    allocated_blocks: IntArray
+    """Blocks given to pods at bind, seen in telemetry or not."""
+    whole_taken: BoolArray
+    """A pod holds the GPU as a whole (nvidia.com/gpu or realtime)."""
+    rack: IntArray
+    """Rack id (an index into the context's rack table); -1 = no rack."""
+    rdma: BoolArray
+
+    @property
+    def size(self) -> int:
+        """Number of nodes."""
+        return int(self.known.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a decision needs besides the nodes: the time and the pod's group placement."""
+
+    now: float
+    """The extender's monotonic clock, in seconds."""
+    group_racks: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Racks where pods of the pod's group already run."""
+    rack_free: FloatArray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    """Free capacity per rack id, for placing a new group."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The verdict for every node of a batch, with every score term kept for explanation."""
+
+    passed: BoolArray
+    reason: IntArray
+    """A ``Reason`` per node; a node that fails open keeps its reason (it explains the score)."""
+    score: FloatArray
+    """Weighted score in 0..1."""
+    points: IntArray
+    """Score on kube-scheduler's extender scale, 0..MAX_SCORE."""
+    gpus: IntArray
+    """(N, k): the GPU slots bind would choose; -1 where none."""
+    terms: FloatArray
+    """(N, len(TERMS)): each term's raw value (0..1) for the chosen GPUs."""
+    weights: tuple[float, ...]
+    """Weight of each term; a term with weight 0 does not count."""
+
+
+def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) -> Evaluation:
+    """Filter and score every node of the batch for one pod.
+
+    A node passes when it has at least ``demand.gpu_count`` usable GPU slots: present, not
+    unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
+    the whole GPU idle). Failing nodes get the first reason that applies, in the order of
+    ``Reason``'s checks below. The score of a passing node is the weighted mean of the terms at
+    the GPUs bind would choose (the best-scoring usable ones; ties go to the lowest index):
+
+        score = Σ_t w_t · term_t / Σ_t w_t,   points = round(MAX_SCORE · score)
+    """
+    spec = policy.spec
+    n, g = batch.present.shape
+    weights = policy.class_weights(demand.qos)
+    if demand.group is None:
+        weights = (*weights[:_TOPOLOGY], 0.0, *weights[_TOPOLOGY + 1 :])
+    if not demand.wants_gpu:
+        return Evaluation(
+            passed=np.ones(n, dtype=np.bool_),
+            reason=np.zeros(n, dtype=np.int64),
+            score=np.zeros(n),
+            points=np.zeros(n, dtype=np.int64),
+            gpus=np.full((n, 1), -1, dtype=np.int64),
+            terms=np.zeros((n, len(TERMS))),
+            weights=weights,
+        )
+
+    fail_open = spec.stale_telemetry.fail_open.get(demand.qos, False)
+    stale_after = (
+        np.full(n, spec.stale_telemetry.after_s)
+        if spec.stale_telemetry.after_s is not None
+        else spec.stale_telemetry.interval_multiple * batch.interval_s
+    )
+    stale = batch.known & (batch.age_s > stale_after)
+
+    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
+    free = memory.free_blocks(
+        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+    )
+    healthy = batch.present & (batch.health != Health.UNHEALTHY)
+    cool = ctx.now >= batch.excluded_until
+    hot = np.isposinf(batch.excluded_until)
+    need = demand.gpu_count
+    if demand.needs_whole_gpu:
+        fits_now = memory.is_idle(
+            batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
+        )
+        fits_ever = capacity >= demand.mem_blocks
+        too_small = Reason.TOO_FEW_GPUS if demand.whole_gpus else Reason.REQUEST_EXCEEDS_GPU
+        busy_reason = Reason.NO_FREE_GPUS
+    else:
+        fits_now = ~batch.whole_taken & (free >= demand.mem_blocks)
+        fits_ever = capacity >= demand.mem_blocks
+        too_small = Reason.REQUEST_EXCEEDS_GPU
+        busy_reason = Reason.NO_FREE_BLOCKS
+    candidate = healthy & fits_ever
+    fitting = candidate & fits_now
+    usable = fitting & cool
+    n_usable = usable.sum(axis=1)
+    reason = np.select(
+        [
+            ~batch.known,
+            stale & (not fail_open),
+            ~batch.present.any(axis=1),
+            ~batch.driver_ok,
+            ~healthy.any(axis=1),
+            candidate.sum(axis=1) < need,
+            (fitting.sum(axis=1) >= need) & (n_usable < need) & (fitting & hot).any(axis=1),
+            (fitting.sum(axis=1) >= need) & (n_usable < need),
+            n_usable < need,
+        ],
+        [
+            Reason.TELEMETRY_MISSING,
+            Reason.TELEMETRY_STALE,
+            Reason.NO_GPU,
+            Reason.DRIVER_NOT_OK,
+            Reason.ALL_UNHEALTHY,
+            too_small,
+            Reason.GPU_HOT,
+            Reason.GPU_COOLING_DOWN,
+            busy_reason,
+        ],
+        default=Reason.OK,
+    ).astype(np.int64)
+    passed = (reason == Reason.OK) | (~batch.known & fail_open)
+
+    busy = (batch.allocated_blocks > 0) | batch.whole_taken
+    busy |= np.nan_to_num(batch.unaccounted_used_mib, nan=0.0) > spec.memory.idle_used_mib
+    per_gpu = np.stack(
+        [
+            thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
+            power.headroom_score(batch.power_w, batch.power_limit_w),
+            memory.fit_score(
+                free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
+            ),
+            power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
+            (batch.health == Health.HEALTHY).astype(np.float64),
+        ],
+        axis=2,
+    )  # (N, G, 5): the GPU terms, in TERMS order
+    gpu_weights = np.asarray(weights[:_TOPOLOGY])
+    ranked = np.where(usable, per_gpu @ gpu_weights, -np.inf)
+    k = max(need, 1)
+    if k == 1:
+        choice = np.argmax(ranked, axis=1)[:, None]
+    else:
+        choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, g)]
+    chosen = np.take_along_axis(per_gpu, choice[:, :, None], axis=1).mean(axis=1)  # (N, 5)
+
+    if weights[_TOPOLOGY] > 0:
+        topo = topology.score(batch.rack, batch.rdma, ctx.group_racks, ctx.rack_free, spec.topology)
+    else:
+        topo = np.zeros(n)
+    terms = np.concatenate([chosen, topo[:, None]], axis=1)
+    total_weight = sum(weights)
+    raw = terms @ np.asarray(weights) / total_weight if total_weight > 0 else np.zeros(n)
+    scored = passed & batch.known & ~stale
+    score = np.where(scored, raw, 0.0)
+    points = np.clip(np.floor(score * MAX_SCORE + 0.5), 0, MAX_SCORE).astype(np.int64)
+    gpus = np.where((reason == Reason.OK)[:, None], choice, -1)
+    return Evaluation(
+        passed=passed,
+        reason=reason,
+        score=score,
+        points=points,
+        gpus=gpus,
+        terms=terms,
+        weights=weights,
+    )

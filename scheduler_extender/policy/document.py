@@ -1,0 +1,100 @@
+"""The GPUSchedulingPolicy document (DESIGN.md §5): the seed's fields verbatim, ours optional.
+
+Pure: parses an already-loaded mapping; reading files and YAML is the caller's job.
+Imports only pydantic and the rule modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scheduler_extender.domain import QosClass
+from scheduler_extender.errors import PolicyError
+from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND
+from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.memory import MemoryArgs
+from scheduler_extender.policy.power import PowerArgs
+from scheduler_extender.policy.qos import QosArgs, TermWeights
+from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.policy.staleness import StaleArgs
+from scheduler_extender.policy.thermal import ThermalArgs
+from scheduler_extender.policy.topology import TopologyArgs
+
+
+class PolicySpec(ArgsModel):
+    """``spec``: every rule's arguments. Unknown keys are errors (a typo must not pass silently)."""
+
+    power_saving: PowerArgs = Field(default_factory=PowerArgs, alias="powerSaving")
+    thermal_throttling: ThermalArgs = Field(default_factory=ThermalArgs, alias="thermalThrottling")
+    qos: QosArgs = Field(default_factory=QosArgs)
+    weights: TermWeights = Field(
+        default_factory=TermWeights,
+        description="Multipliers applied on top of every class's weights.",
+    )
+    memory: MemoryArgs = Field(default_factory=MemoryArgs)
+    stale_telemetry: StaleArgs = Field(default_factory=StaleArgs, alias="staleTelemetry")
+    topology: TopologyArgs = Field(default_factory=TopologyArgs)
+    remediation: RemediationArgs = Field(default_factory=RemediationArgs)
+
+
+class PolicyMetadata(BaseModel):
+    """``metadata``: only the name matters; the rest of a custom resource's metadata is kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "default"
+
+
+class Policy(BaseModel):
+    """A validated GPUSchedulingPolicy. Status and other top-level keys of a CR are ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    api_version: Literal["kepler.io/v1"] = Field(POLICY_API_VERSION, alias="apiVersion")
+    kind: Literal["GPUSchedulingPolicy"] = POLICY_KIND
+    metadata: PolicyMetadata = Field(default_factory=PolicyMetadata)
+    spec: PolicySpec = Field(default_factory=PolicySpec)
+
+    def class_weights(self, qos: QosClass) -> tuple[float, ...]:
+        """Effective term weights for a class: class weights × global multipliers."""
+        base = self.spec.qos.class_weights(qos).as_tuple()
+        mult = self.spec.weights.as_tuple()
+        weights = tuple(b * m for b, m in zip(base, mult, strict=True))
+        if not (self.spec.power_saving.enabled and qos.packs):
+            # powerSaving packs low-QoS work onto active GPUs only when it is switched on.
+            weights = (*weights[:3], 0.0, *weights[4:])
+        return weights
+
+    def describe(self) -> dict[str, Any]:
+        """The document as served by ``GET /debug/policy`` (QoS classes by name)."""
+        doc = self.model_dump(mode="json", by_alias=True)
+        spec = doc["spec"]
+        spec["qos"]["defaultClass"] = self.spec.qos.default_class.wire
+        spec["qos"]["weights"] = {
+            qos.wire: self.spec.qos.class_weights(qos).model_dump(by_alias=True)
+            for qos in sorted(QosClass, reverse=True)
+        }
+        spec["staleTelemetry"]["failOpen"] = {
+            qos.wire: self.spec.stale_telemetry.fail_open.get(qos, False)
+            for qos in sorted(QosClass, reverse=True)
+        }
+        return doc
+
+
+DEFAULT_POLICY = Policy()
+
+
+def parse_policy(document: Any) -> Policy:
+    """Validate a loaded document; raises ``PolicyError`` listing every problem at once."""
+    if not isinstance(document, dict):
+        raise PolicyError([f"the document must be a mapping, not {type(document).__name__}"])
+    try:
+        return Policy.model_validate(document)
+    except ValidationError as exc:
+        raise PolicyError(
+            [
+                f"{'.'.join(str(p) for p in err['loc']) or '(document)'}: {err['msg']}"
+                for err in exc.errors(include_url=False, include_input=False)
+            ]
+        ) from None

@@ -1,0 +1,88 @@
+"""Memory rule: GPU memory blocks on ONE GPU (per-card best fit), and whole free GPUs.
+
+Pure; imports only numpy, pydantic and ``policy.base``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from scheduler_extender.policy.base import ArgsModel, Duration
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class MemoryArgs(ArgsModel):
+    """``spec.memory`` (ours)."""
+
+    block_mib: int = Field(
+        4096,
+        alias="blockMiB",
+        gt=0,
+        description="MiB per edgegpu.io/gpu-mem-block; 4 GiB makes 3 blocks of a 15 GiB T4.",
+    )
+    assume_ttl_s: Duration = Field(
+        300.0,
+        alias="assumeTTL",
+        description="How long a bind's reservation counts while telemetry does not show the pod.",
+    )
+    idle_used_mib: float = Field(
+        512.0,
+        alias="idleUsedMiB",
+        ge=0,
+        description="MiB in use (driver, persistence daemon) below which a GPU counts as free.",
+    )
+
+
+def capacity_blocks(memory_total_mib: FloatArray, args: MemoryArgs) -> IntArray:
+    """Blocks a GPU has in all: floor(total / blockMiB); unknown total → 0."""
+    total = np.nan_to_num(memory_total_mib, nan=0.0)
+    return np.floor_divide(total, args.block_mib).astype(np.int64)
+
+
+def free_blocks(
+    memory_total_mib: FloatArray,
+    unaccounted_used_mib: FloatArray,
+    allocated_blocks: IntArray,
+    args: MemoryArgs,
+) -> IntArray:
+    """Blocks still free on each GPU.
+
+    free = capacity − allocated − ceil(unaccounted used / blockMiB), at least 0, where
+    *allocated* are blocks given at bind (whether or not telemetry shows them yet) and
+    *unaccounted used* is memory in use by anything that is not an assigned pod.
+    """
+    used = np.ceil(np.nan_to_num(unaccounted_used_mib, nan=0.0) / args.block_mib)
+    free = capacity_blocks(memory_total_mib, args) - allocated_blocks - used.astype(np.int64)
+    out: IntArray = np.maximum(free, 0)
+    return out
+
+
+def is_idle(
+    unaccounted_used_mib: FloatArray,
+    allocated_blocks: IntArray,
+    whole_taken: BoolArray,
+    args: MemoryArgs,
+) -> BoolArray:
+    """A GPU is free as a whole when nothing is assigned to it and nothing else uses memory."""
+    used = np.nan_to_num(unaccounted_used_mib, nan=0.0)
+    idle: BoolArray = (allocated_blocks == 0) & ~whole_taken & (used <= args.idle_used_mib)
+    return idle
+
+
+def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: bool) -> FloatArray:
+    """How well a request fits a GPU, in 0..1.
+
+    left = (free − request) / capacity;  pack: 1 − left (best fit);  spread: left.
+    A whole-GPU request (request_blocks = 0) fits every free GPU equally: 1.
+    """
+    if request_blocks <= 0:
+        return np.ones(free.shape, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        left = np.clip((free - request_blocks) / capacity, 0.0, 1.0)
+    left = np.nan_to_num(left, nan=0.0)
+    return 1.0 - left if pack else left

@@ -1,0 +1,49 @@
+"""Power rule: score power headroom, and tell active GPUs from idle ones for power saving.
+
+Pure; imports only numpy, pydantic and ``policy.base``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from scheduler_extender.policy.base import ArgsModel
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class PowerArgs(ArgsModel):
+    """``spec.powerSaving`` of the policy document."""
+
+    enabled: bool = Field(
+        True,
+        description="Pack low-QoS pods onto already-active GPUs so idle GPUs stay in low power.",
+    )
+    threshold_pct: float = Field(
+        70.0,
+        alias="threshold",
+        ge=0,
+        le=100,
+        description="%. Utilisation below which the agent lowers clocks; at or above = active.",
+    )
+
+
+def headroom_score(power_w: FloatArray, power_limit_w: FloatArray) -> FloatArray:
+    """Power headroom in 0..1; unknown draw or limit is neutral (0.5).
+
+    score = clip((limit − draw) / limit, 0, 1)
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.clip((power_limit_w - power_w) / power_limit_w, 0.0, 1.0)
+    unknown = np.isnan(power_w) | np.isnan(power_limit_w) | ~(power_limit_w > 0)
+    return np.where(unknown, 0.5, score)
+
+
+def is_active(utilization_pct: FloatArray, busy: BoolArray, args: PowerArgs) -> BoolArray:
+    """A GPU is active when it is loaded above the threshold or already holds work."""
+    with np.errstate(invalid="ignore"):
+        loaded = utilization_pct >= args.threshold_pct
+    return loaded | busy

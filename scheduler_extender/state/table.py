@@ -1,0 +1,247 @@
+"""A columnar table of nodes: one row per node, one column slot per GPU index.
+
+Rows are written when telemetry or assignments change; a request only gathers rows, so a verb
+over 5,000 nodes is a few numpy take operations, not 5,000 objects. Row 0 is a blank row that
+stands in for nodes nobody has heard of. Imports numpy and ``policy.combine`` (for NodeBatch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_extender.policy import thermal
+from scheduler_extender.policy.combine import NodeBatch
+
+_NODE_FLOAT = ("received_at", "interval_s")
+_NODE_BOOL = ("known", "driver_ok", "rdma")
+_GPU_FLOAT = (
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "utilization_pct",
+    "memory_total_mib",
+    "unaccounted_used_mib",
+    "below_since",
+)
+_GPU_BOOL = ("present", "hot", "whole_taken")
+
+
+class NodeTable:
+    """Columns of per-node and per-GPU values. Not thread-safe: use one event loop."""
+
+    def __init__(self, rows: int = 64, gpus: int = 8) -> None:
+        self._index: dict[str, int] = {}
+        self._names: list[str | None] = [None]
+        self._free_rows: list[int] = []
+        self._racks: dict[str, int] = {}
+        self._rows = max(rows, 2)
+        self._gpus = max(gpus, 1)
+        self._cols: dict[str, npt.NDArray[Any]] = {}
+        self._alloc(self._rows, self._gpus)
+
+    # -- layout -----------------------------------------------------------------------------
+    def _blank(self, name: str, rows: int, gpus: int) -> npt.NDArray[Any]:
+        if name in _NODE_FLOAT:
+            return np.full(rows, np.nan)
+        if name in _NODE_BOOL:
+            return np.zeros(rows, dtype=np.bool_)
+        if name == "rack":
+            return np.full(rows, -1, dtype=np.int64)
+        if name in _GPU_FLOAT:
+            return np.full((rows, gpus), np.nan)
+        if name in _GPU_BOOL:
+            return np.zeros((rows, gpus), dtype=np.bool_)
+        if name == "health":
+            return np.zeros((rows, gpus), dtype=np.int8)
+        if name == "allocated_blocks":
+            return np.zeros((rows, gpus), dtype=np.int64)
+        raise KeyError(name)
+
+    def _all_columns(self) -> tuple[str, ...]:
+        return (
+            *_NODE_FLOAT,
+            *_NODE_BOOL,
+            "rack",
+            *_GPU_FLOAT,
+            *_GPU_BOOL,
+            "health",
+            "allocated_blocks",
+        )
+
+    def _alloc(self, rows: int, gpus: int) -> None:
+        old = self._cols
+        new: dict[str, npt.NDArray[Any]] = {}
+        for name in self._all_columns():
+            col = self._blank(name, rows, gpus)
+            if name in old:
+                prev = old[name]
+                if prev.ndim == 1:
+                    col[: prev.shape[0]] = prev
+                else:
+                    col[: prev.shape[0], : prev.shape[1]] = prev
+            new[name] = col
+        self._cols, self._rows, self._gpus = new, rows, gpus
+
+    def _row_for(self, node: str) -> int:
+        row = self._index.get(node)
+        if row is not None:
+            return row
+        if self._free_rows:
+            row = self._free_rows.pop()
+            self._names[row] = node
+        else:
+            row = len(self._names)
+            self._names.append(node)
+            if row >= self._rows:
+                self._alloc(self._rows * 2, self._gpus)
+        self._index[node] = row
+        return row
+
+    def _ensure_gpus(self, count: int) -> None:
+        if count > self._gpus:
+            self._alloc(self._rows, max(count, self._gpus * 2))
+
+    def rack_id(self, rack: str | None) -> int:
+        """Interned id of a rack name; -1 for none."""
+        if not rack:
+            return -1
+        return self._racks.setdefault(rack, len(self._racks))
+
+    def rack_name(self, rack_id: int) -> str | None:
+        """The rack name for an id."""
+        for name, rid in self._racks.items():
+            if rid == rack_id:
+                return name
+        return None
+
+    @property
+    def rack_count(self) -> int:
+        """How many rack names have been seen."""
+        return len(self._racks)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._index
+
+    def names(self) -> list[str]:
+        """Every node with a row."""
+        return [n for n in self._names[1:] if n is not None]
+
+    @property
+    def gpu_slots(self) -> int:
+        """Width of the per-GPU columns."""
+        return self._gpus
+
+    # -- writes -----------------------------------------------------------------------------
+    def write_node(
+        self,
+        node: str,
+        *,
+        received_at: float,
+        interval_s: float,
+        driver_ok: bool,
+        rack: str | None,
+        rdma: bool,
+        gpus: Sequence[dict[str, float | int | bool]],
+    ) -> None:
+        """Replace the telemetry part of a node's row. ``gpus`` maps slot values by GPU index."""
+        self._ensure_gpus(max((int(g["index"]) for g in gpus), default=-1) + 1)
+        row = self._row_for(node)
+        c = self._cols
+        c["known"][row] = True
+        c["received_at"][row] = received_at
+        c["interval_s"][row] = interval_s
+        c["driver_ok"][row] = driver_ok
+        c["rack"][row] = self.rack_id(rack)
+        c["rdma"][row] = rdma
+        for name in (*_GPU_FLOAT, "present", "hot", "health"):
+            c[name][row] = self._blank(name, 1, self._gpus)[0]
+        for gpu in gpus:
+            i = int(gpu["index"])
+            c["present"][row, i] = True
+            for name in (*_GPU_FLOAT, "hot", "health"):
+                c[name][row, i] = gpu[name]
+
+    def write_allocations(
+        self, node: str, blocks: dict[int, int], whole: set[int], unaccounted: dict[int, float]
+    ) -> None:
+        """Replace a node's assignment columns and the memory not explained by them."""
+        if blocks or whole:
+            self._ensure_gpus(max([*blocks, *whole]) + 1)
+        row = self._row_for(node)
+        c = self._cols
+        c["allocated_blocks"][row] = 0
+        c["whole_taken"][row] = False
+        for i, n in blocks.items():
+            c["allocated_blocks"][row, i] = n
+        for i in whole:
+            c["whole_taken"][row, i] = True
+        for i, mib in unaccounted.items():
+            if i < self._gpus:
+                c["unaccounted_used_mib"][row, i] = mib
+
+    def set_labels(self, node: str, rack: str | None, rdma: bool) -> None:
+        """Set a node's rack and RDMA flag (from a Node object or the agent's labels)."""
+        row = self._row_for(node)
+        self._cols["rack"][row] = self.rack_id(rack)
+        self._cols["rdma"][row] = rdma
+
+    def remove(self, node: str) -> None:
+        """Delete a node's row; the row is reused later."""
+        row = self._index.pop(node, None)
+        if row is None:
+            return
+        for name in self._all_columns():
+            self._cols[name][row] = self._blank(name, 1, self._gpus)[0]
+        self._names[row] = None
+        self._free_rows.append(row)
+
+    # -- reads ------------------------------------------------------------------------------
+    def rows(self, names: Sequence[str]) -> npt.NDArray[np.int64]:
+        """Row of each name; 0 (the blank row) for unknown names."""
+        get = self._index.get
+        return np.fromiter((get(n, 0) for n in names), dtype=np.int64, count=len(names))
+
+    def all_rows(self) -> npt.NDArray[np.int64]:
+        """Rows of every node."""
+        return np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index))
+
+    def row(self, node: str) -> int | None:
+        """The row of one node, if it has one."""
+        return self._index.get(node)
+
+    def column(self, name: str) -> npt.NDArray[Any]:
+        """One whole column (read-only by convention)."""
+        return self._cols[name]
+
+    def gather(
+        self, rows: npt.NDArray[np.int64], now: float, args: thermal.ThermalArgs
+    ) -> NodeBatch:
+        """The batch the policy decides on, for the given rows."""
+        c = self._cols
+        return NodeBatch(
+            known=c["known"][rows],
+            age_s=now - c["received_at"][rows],
+            interval_s=c["interval_s"][rows],
+            driver_ok=c["driver_ok"][rows],
+            present=c["present"][rows],
+            health=c["health"][rows],
+            temperature_c=c["temperature_c"][rows],
+            power_w=c["power_w"][rows],
+            power_limit_w=c["power_limit_w"][rows],
+            utilization_pct=c["utilization_pct"][rows],
+            memory_total_mib=c["memory_total_mib"][rows],
+            unaccounted_used_mib=c["unaccounted_used_mib"][rows],
+            excluded_until=thermal.excluded_until(
+                c["hot"][rows],
+                c["below_since"][rows],
+                args,
+            ),
+            allocated_blocks=c["allocated_blocks"][rows],
+            whole_taken=c["whole_taken"][rows],
+            rack=c["rack"][rows],
+            rdma=c["rdma"][rows],
+        )

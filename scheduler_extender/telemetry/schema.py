@@ -1,0 +1,111 @@
+"""The telemetry push contract ``edgegpu.io/telemetry/v1`` (DESIGN.md §3).
+
+Imported by both packages: it imports pydantic and the standard library only, so that the node
+agent never loads the extender's web stack. Units are in the field names; a field the backend
+cannot read is ``None``, never a made-up number.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA = "edgegpu.io/telemetry/v1"
+
+MAX_GPUS_PER_NODE = 64
+MAX_PROCESSES_PER_GPU = 1024
+
+HealthValue = Literal["healthy", "degraded", "unhealthy"]
+ReasonCode = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored so that a newer agent can talk to an older extender.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class AgentInfo(_Model):
+    """Who sent the report; ``seq`` grows by one per report within one ``boot_id``."""
+
+    version: Annotated[str, Field(max_length=64)]
+    backend: Annotated[str, Field(min_length=1, max_length=32)]
+    boot_id: Annotated[str, Field(min_length=1, max_length=128)]
+    seq: Annotated[int, Field(ge=0)]
+
+
+class NodeHealth(_Model):
+    """Node-level and pod-level health (seed §4.1): driver, device nodes, CUDA context probe."""
+
+    driver_ok: bool | None = None
+    device_nodes_ok: bool | None = None
+    device_plugin_ok: bool | None = None
+    cuda_ctx_success_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+
+
+class GpuProcess(_Model):
+    """A process holding GPU memory; ``pod_uid`` when the agent could map it to a pod."""
+
+    pid: Annotated[int, Field(ge=0)]
+    pod_uid: Annotated[str, Field(max_length=128)] | None = None
+    container: Annotated[str, Field(max_length=253)] | None = None
+    used_mib: Annotated[float, Field(ge=0)] | None = None
+
+
+class GpuReport(_Model):
+    """One GPU at one moment."""
+
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]
+    uuid: Annotated[str, Field(min_length=1, max_length=128)]
+    model: Annotated[str, Field(max_length=128)] | None = None
+    temperature_c: Annotated[float, Field(ge=-60, le=200)] | None = None
+    power_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    power_limit_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
+    utilization_pct: Annotated[float, Field(ge=0, le=100)] | None = None
+    memory_total_mib: Annotated[float, Field(ge=0, le=16_777_216)] | None = None
+    memory_used_mib: Annotated[float, Field(ge=0, le=16_777_216)] | None = None
+    sm_clock_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    sm_clock_max_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    throttle_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
+    xid_last: Annotated[int, Field(ge=0)] | None = None
+    health: HealthValue = "healthy"
+    health_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(default_factory=list)
+    processes: Annotated[list[GpuProcess], Field(max_length=MAX_PROCESSES_PER_GPU)] = Field(
+        default_factory=list
+    )
+
+
+class TelemetryReport(_Model):
+    """One push from one node agent: every GPU of the node."""
+
+    schema_: Literal["edgegpu.io/telemetry/v1"] = Field(alias="schema")
+    node: Name
+    agent: AgentInfo
+    sampled_at: datetime
+    interval_s: Annotated[float, Field(gt=0, le=3600)]
+    labels: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = (
+        Field(default_factory=dict, max_length=64)
+    )
+    node_health: NodeHealth = Field(default_factory=NodeHealth)
+    gpus: Annotated[list[GpuReport], Field(max_length=MAX_GPUS_PER_NODE)]
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_indices(cls, gpus: list[GpuReport]) -> list[GpuReport]:
+        seen: set[int] = set()
+        for gpu in gpus:
+            if gpu.index in seen:
+                raise ValueError(f"gpu index {gpu.index} appears twice")
+            seen.add(gpu.index)
+        return gpus
+
+    def to_json_bytes(self) -> bytes:
+        """The wire form, as an agent sends it."""
+        return self.model_dump_json(by_alias=True).encode()
