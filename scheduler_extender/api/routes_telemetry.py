@@ -74,7 +74,11 @@ async def push(request: Request) -> JSONResponse:
             )
         result = ctx.state.ingest(report)
         ctx.metrics.telemetry.labels("accepted" if result.accepted else "ignored").inc()
-        payload: dict[str, object] = {"accepted": result.accepted}
+        payload: dict[str, object] = {
+            "accepted": result.accepted,
+            # GPUs holding high-QoS pods: the agent keeps them out of power saving.
+            "performance_gpus": ctx.state.performance_gpus(report.node),
+        }
         if result.reason:
             payload["reason"] = result.reason
         return JSONResponse(payload)

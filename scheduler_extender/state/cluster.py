@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_extender.domain import Assignment, Health, PodDemand
+from scheduler_extender.domain import Assignment, Health, PodDemand, QosClass
 from scheduler_extender.names import RDMA_LABEL
 from scheduler_extender.policy import memory
 from scheduler_extender.policy.combine import Context, Evaluation, NodeBatch, evaluate
@@ -145,6 +145,17 @@ class ClusterState:
         """Filter and score the named nodes for a pod."""
         self.expire()
         return evaluate(self.batch(names, labels), demand, self.policy, self.context(demand))
+
+    def performance_gpus(self, node: str) -> list[int]:
+        """GPU indices of a node that hold training or realtime pods (kept at full clocks)."""
+        return sorted(
+            {
+                i
+                for a in self.allocations.on_node(node)
+                if a.qos >= QosClass.TRAINING
+                for i in a.gpu_indices
+            }
+        )
 
     def gpu_uuids(self, node: str, indices: Sequence[int]) -> tuple[str, ...]:
         """UUIDs of a node's GPUs by index, from its last report ('' when unknown)."""

@@ -1,0 +1,194 @@
+"""Command line: ``gpu-node-agent`` / ``python -m node_agent``.
+
+A backend that cannot open exits with status 2 and one line saying why and what to do.
+SIGTERM and SIGINT stop the loop cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, start_http_server
+from pydantic import ValidationError
+
+from node_agent import __version__, health, power
+from node_agent.backends import load_backend
+from node_agent.backends.base import GpuBackend
+from node_agent.config import AgentSettings
+from node_agent.errors import BackendUnavailable
+from node_agent.exporter import AgentMetrics
+from node_agent.loop import Agent
+from node_agent.push import FlappingLinkTransport, Pusher
+
+log = logging.getLogger("node_agent")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-node-agent", description="edgegpu node agent.")
+    p.add_argument("--backend", choices=["nvml", "simulated", "jetson"])
+    p.add_argument("--extender-url", help="extender URL(s), comma-separated (every replica)")
+    p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--interval-s", type=float)
+    p.add_argument("--once", action="store_true", help="one round, then exit")
+    p.add_argument(
+        "--print", action="store_true", dest="print_report", help="print the report JSON"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", default=None, help="plan power changes, apply none"
+    )
+    p.add_argument("--no-power-control", action="store_false", dest="power_control", default=None)
+    p.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off; default 9400)")
+    p.add_argument("--metrics-host")
+    p.add_argument("--token-file", help="ServiceAccount token file (sent as a bearer token)")
+    p.add_argument("--label", action="append", default=[], help="node label KEY=VALUE (repeatable)")
+    p.add_argument("--max-temp-c", type=float)
+    p.add_argument("--cool-down-s", type=float)
+    p.add_argument("--no-power-saving", action="store_false", dest="power_saving", default=None)
+    p.add_argument("--power-saving-threshold-pct", type=float)
+    p.add_argument("--power-saving-window-s", type=float)
+    p.add_argument("--saving-clock-mhz", type=float)
+    p.add_argument("--fatal-xids", help="comma-separated XIDs that make a GPU unhealthy")
+    p.add_argument("--gpus", type=int, help="simulated: number of GPUs")
+    p.add_argument("--seed", type=int, help="simulated: seed")
+    p.add_argument("--scenario", help="simulated: steady, overheat, gpu-lost, xid-79, ecc, ...")
+    p.add_argument("--scenario-after-s", type=float, help="simulated: when the fault starts")
+    p.add_argument("--load-pct", type=float, help="simulated: fixed utilisation")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def _settings(ns: argparse.Namespace) -> AgentSettings:
+    given: dict[str, Any] = {}
+    for key in (
+        "backend", "node_name", "interval_s", "metrics_port", "metrics_host", "dry_run",
+        "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
+        "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
+        "seed", "scenario", "scenario_after_s", "load_pct",
+    ):  # fmt: skip
+        value = getattr(ns, key)
+        if value is not None:
+            given[key] = value
+    if ns.extender_url:
+        given["extender_urls"] = [u.strip() for u in ns.extender_url.split(",") if u.strip()]
+    if ns.fatal_xids:
+        given["fatal_xids"] = [int(x) for x in ns.fatal_xids.split(",") if x.strip()]
+    if ns.label:
+        given["labels"] = dict(item.split("=", 1) for item in ns.label if "=" in item)
+    return AgentSettings(**given)
+
+
+def _backend(settings: AgentSettings) -> GpuBackend:
+    options: dict[str, Any] = {}
+    if settings.backend == "simulated":
+        options = {
+            "gpus": settings.gpus,
+            "seed": settings.seed,
+            "node": settings.node_name,
+            "scenario": settings.scenario,
+            "scenario_after_s": settings.scenario_after_s,
+            "clock": time.monotonic,
+            "load_pct": settings.load_pct,
+        }
+    return load_backend(settings.backend, **options)
+
+
+async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBackend) -> int:
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry, settings.node_name)
+    if settings.metrics_port and not ns.once:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0)
+    if settings.backend == "simulated" and settings.scenario == "flapping-link":
+        transport = FlappingLinkTransport(transport, time.monotonic)
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0)) as client:
+        pusher = (
+            Pusher(
+                settings.extender_urls, client, clock=time.monotonic, token_file=settings.token_file
+            )
+            if settings.extender_urls
+            else None
+        )
+        agent = Agent(
+            backend,
+            node=settings.node_name,
+            interval_s=settings.interval_s,
+            metrics=metrics,
+            health_args=health.HealthArgs(
+                fatal_xids=frozenset(settings.fatal_xids)
+                if settings.fatal_xids
+                else health.DEFAULT_FATAL_XIDS,
+                max_temp_c=settings.max_temp_c,
+            ),
+            power_args=power.PowerArgs(
+                max_temp_c=settings.max_temp_c,
+                cool_down_s=settings.cool_down_s,
+                saving_enabled=settings.power_saving,
+                threshold_pct=settings.power_saving_threshold_pct,
+                window_s=settings.power_saving_window_s,
+                saving_clock_mhz=settings.saving_clock_mhz,
+            ),
+            pusher=pusher,
+            dry_run=settings.dry_run,
+            power_control=settings.power_control,
+            labels=settings.labels,
+        )
+        try:
+            if ns.once:
+                result = await agent.round()
+                if ns.print_report:
+                    print(result.report.model_dump_json(by_alias=True, indent=2))
+                    for action in result.actions:
+                        print(
+                            f"# {action.action.kind} gpu {action.action.index}: {action.outcome}",
+                            file=sys.stderr,
+                        )
+                return 0
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            log.info(
+                "agent on %s: backend %s, %d gpus, every %.1f s, pushing to %s%s",
+                settings.node_name, backend.name, backend.device_count(), settings.interval_s,
+                ", ".join(settings.extender_urls) or "nobody",
+                " (dry run)" if settings.dry_run else "",
+            )  # fmt: skip
+            await agent.run(stop)
+            log.info("stopping")
+            return 0
+        finally:
+            agent.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, open the backend, run."""
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = _settings(ns)
+    except (ValidationError, ValueError) as exc:
+        errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
+        if not errors:
+            print(f"gpu-node-agent: {exc}", file=sys.stderr)
+        for err in errors:
+            where = ".".join(map(str, err["loc"])) or "settings"
+            hint = " (set --node-name or NODE_NAME)" if where == "node_name" else ""
+            print(f"gpu-node-agent: {where}: {err['msg']}{hint}", file=sys.stderr)
+        return 2
+    try:
+        backend = _backend(settings)
+        backend.open()
+    except BackendUnavailable as exc:
+        print(f"gpu-node-agent: backend {settings.backend}: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(settings, ns, backend))

@@ -1,0 +1,60 @@
+"""Agent settings: flags, ``EDGEGPU_AGENT_*`` variables, and ``NODE_NAME`` from the downward API.
+
+Validated once at start-up; every error is listed at once (exit status 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    """Everything the agent is configured with."""
+
+    model_config = SettingsConfigDict(env_prefix="EDGEGPU_AGENT_", extra="forbid", frozen=True)
+
+    backend: str = Field("nvml", description="nvml | simulated | jetson")
+    node_name: str = Field(
+        min_length=1,
+        validation_alias=AliasChoices("node_name", "NODE_NAME", "EDGEGPU_AGENT_NODE_NAME"),
+        description="This node's name; NODE_NAME comes from the downward API in the DaemonSet.",
+    )
+    extender_urls: list[str] = Field(
+        default_factory=list, description="Every extender replica to push to (empty = do not push)."
+    )
+    interval_s: float = Field(5.0, gt=0, le=3600, description="Seconds between samples (5 s).")
+    metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus port; 0 = off.")
+    metrics_host: str = Field("0.0.0.0", description="Address the metrics server listens on.")
+    dry_run: bool = Field(False, description="Plan power changes but apply none.")
+    power_control: bool = Field(True, description="Allow the agent to change power limits/clocks.")
+    token_file: Path | None = Field(
+        None, description="ServiceAccount token sent as a bearer token."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Node labels sent with reports."
+    )
+    # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline).
+    max_temp_c: float = Field(85.0, gt=0, le=150, description="°C: thermal protection starts here.")
+    cool_down_s: float = Field(300.0, ge=0, description="Below maxTemp this long → restore limits.")
+    power_saving: bool = Field(True, description="Lower clocks of idle GPUs.")
+    power_saving_threshold_pct: float = Field(70.0, ge=0, le=100)
+    power_saving_window_s: float = Field(60.0, ge=0, description="Idle this long → save power.")
+    saving_clock_mhz: float = Field(800.0, gt=0, description="SM clock while saving (seed: 800).")
+    fatal_xids: list[int] = Field(default_factory=list, description="Replace the fatal XID list.")
+    # Simulated backend.
+    gpus: int = Field(4, ge=1, le=64, description="Simulated GPUs.")
+    seed: int = Field(0, description="Simulation seed.")
+    scenario: str = Field("steady", description="Simulation scenario.")
+    scenario_after_s: float = Field(20.0, ge=0, description="When the scenario's fault starts.")
+    load_pct: float | None = Field(None, ge=0, le=100, description="Fixed simulated load.")
+
+    @field_validator("extender_urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return urls

@@ -1,0 +1,125 @@
+"""Prometheus metrics of the node agent, with the names of DESIGN.md §6.
+
+``node_gpu_temperature_celsius{device="0",…}`` is the name the seed's alert rule uses. A value
+the backend cannot read is left out, never exported as 0. Imports prometheus-client and
+``model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from node_agent.model import GpuHealth, GpuReading, NodeChecks
+
+HEALTH_VALUE = {"healthy": 0.0, "degraded": 1.0, "unhealthy": 2.0}
+_LABELS = ["device", "uuid", "model", "node"]
+
+
+@dataclass(slots=True)
+class LatestView:
+    """What the exporter shows: the last sampling round."""
+
+    node: str
+    readings: list[GpuReading] = field(default_factory=list)
+    health: dict[int, GpuHealth] = field(default_factory=dict)
+    checks: NodeChecks = field(default_factory=NodeChecks)
+    saving: dict[int, bool] = field(default_factory=dict)
+    thermal_cap_w: dict[int, float | None] = field(default_factory=dict)
+
+
+_GAUGES = (
+    ("node_gpu_temperature_celsius", "GPU temperature in degrees Celsius.", "temperature_c", 1.0),
+    ("node_gpu_power_watts", "GPU power draw in watts.", "power_w", 1.0),
+    ("node_gpu_power_limit_watts", "Enforced GPU power limit in watts.", "power_limit_w", 1.0),
+    ("node_gpu_utilization_ratio", "GPU utilisation, 0 to 1.", "utilization_pct", 0.01),
+    ("node_gpu_memory_used_bytes", "GPU memory in use, bytes.", "memory_used_mib", 1048576.0),
+    ("node_gpu_memory_total_bytes", "GPU memory in all, bytes.", "memory_total_mib", 1048576.0),
+    ("node_gpu_sm_clock_hertz", "GPU SM clock in hertz.", "sm_clock_mhz", 1e6),
+    ("node_gpu_sm_clock_max_hertz", "GPU maximum SM clock in hertz.", "sm_clock_max_mhz", 1e6),
+)
+
+
+class _GpuCollector(Collector):
+    def __init__(self, view: LatestView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        view = self.view
+        families = {
+            name: GaugeMetricFamily(name, doc, labels=_LABELS) for name, doc, _, _ in _GAUGES
+        }
+        health = GaugeMetricFamily(
+            "node_gpu_health", "GPU health: 0 healthy, 1 degraded, 2 unhealthy.", labels=_LABELS
+        )
+        saving = GaugeMetricFamily(
+            "node_gpu_power_saving_active",
+            "1 while power saving holds the GPU's clocks or limit.",
+            labels=_LABELS,
+        )
+        capped = GaugeMetricFamily(
+            "node_gpu_thermal_cap_watts",
+            "Power limit set by local thermal protection (absent = none).",
+            labels=_LABELS,
+        )
+        for r in view.readings:
+            labels = [str(r.index), r.uuid, r.model or "", view.node]
+            for name, _, attr, scale in _GAUGES:
+                value = getattr(r, attr)
+                if value is not None:
+                    families[name].add_metric(labels, float(value) * scale)
+            h = view.health.get(r.index)
+            if h is not None:
+                health.add_metric(labels, HEALTH_VALUE[h.level])
+            saving.add_metric(labels, 1.0 if view.saving.get(r.index) else 0.0)
+            cap = view.thermal_cap_w.get(r.index)
+            if cap is not None:
+                capped.add_metric(labels, cap)
+        yield from families.values()
+        yield health
+        yield saving
+        yield capped
+        ratio = GaugeMetricFamily(
+            "node_gpu_cuda_context_success_ratio",
+            "Share of recent CUDA context create/destroy probes that succeeded.",
+            labels=["node"],
+        )
+        if view.checks.cuda_ctx_success_ratio is not None:
+            ratio.add_metric([view.node], view.checks.cuda_ctx_success_ratio)
+        yield ratio
+
+
+class AgentMetrics:
+    """Every collector of the agent, on an injected registry."""
+
+    def __init__(self, registry: CollectorRegistry, node: str) -> None:
+        self.registry = registry
+        self.view = LatestView(node=node)
+        registry.register(_GpuCollector(self.view))
+        self.pushes = Counter(
+            "edgegpu_agent_pushes_total",
+            "Telemetry pushes by extender URL and result.",
+            ["url", "result"],
+            registry=registry,
+        )
+        self.power_actions = Counter(
+            "edgegpu_agent_power_actions_total",
+            "Power changes by action, reason and outcome (applied, dry-run, not-supported, ...).",
+            ["device", "action", "reason", "outcome"],
+            registry=registry,
+        )
+        self.sample_seconds = Histogram(
+            "edgegpu_agent_sample_seconds",
+            "Time to sample every GPU once.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.cycle_errors = Counter(
+            "edgegpu_agent_cycle_errors_total",
+            "Sampling rounds that hit an unexpected error.",
+            registry=registry,
+        )

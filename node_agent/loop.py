@@ -1,0 +1,305 @@
+"""The agent loop: sample → health → power plan → apply (unless dry-run) → export → push.
+
+It never dies from a bad reading, a lost GPU or a failed push: each round is contained, and
+local protection runs before (and without) the push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from node_agent import __version__, health, power
+from node_agent.backends.base import GpuBackend
+from node_agent.errors import NotSupported, PermissionDenied
+from node_agent.exporter import AgentMetrics
+from node_agent.model import (
+    ActionResult,
+    Capabilities,
+    GpuHealth,
+    GpuReading,
+    PowerAction,
+    Snapshot,
+)
+from node_agent.push import Pusher, PushOutcome
+from scheduler_extender.telemetry.schema import TelemetryReport
+
+log = logging.getLogger("node_agent")
+
+
+@dataclass(slots=True)
+class _GpuMemory:
+    power: power.GpuPowerState = field(default_factory=lambda: power.IDLE)
+    last_fatal_xid: tuple[int, float] | None = None
+    last_xid: int | None = None
+    disabled: set[str] = field(default_factory=set)
+    """Action kinds that failed as not supported or not permitted: never retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """The result of one round."""
+
+    report: TelemetryReport
+    actions: list[ActionResult]
+    push: PushOutcome | None
+
+
+class Agent:
+    """One node's agent around one backend."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        *,
+        node: str,
+        interval_s: float,
+        metrics: AgentMetrics,
+        health_args: health.HealthArgs,
+        power_args: power.PowerArgs,
+        pusher: Pusher | None = None,
+        dry_run: bool = False,
+        power_control: bool = True,
+        labels: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.node = node
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.health_args = health_args
+        self.power_args = power_args
+        self.pusher = pusher
+        self.dry_run = dry_run
+        self.power_control = power_control
+        self.labels = dict(labels or {})
+        self.clock = clock
+        self.wall = wall
+        self.boot_id = str(uuid.uuid4())
+        self.seq = 0
+        self._gpus: dict[int, _GpuMemory] = {}
+        self._boost: frozenset[int] = frozenset()
+
+    # -- one round --------------------------------------------------------------------------
+    def sample(self) -> Snapshot:
+        """Read every GPU; one GPU's failure becomes a lost reading, not an exception."""
+        now = self.clock()
+        snap = Snapshot(taken_at=now)
+        started = time.perf_counter()
+        for i in range(self.backend.device_count()):
+            try:
+                snap.readings.append(self.backend.read(i))
+            except Exception as exc:
+                log.warning("gpu %d: read failed: %s", i, exc)
+                snap.readings.append(GpuReading(index=i, uuid=f"unknown-{i}", lost=True))
+        try:
+            snap.checks = self.backend.node_checks()
+        except Exception as exc:
+            log.warning("node checks failed: %s", exc)
+        try:
+            snap.xids = self.backend.poll_xids(now)
+        except Exception as exc:
+            log.warning("xid poll failed: %s", exc)
+        self.metrics.sample_seconds.observe(time.perf_counter() - started)
+        return snap
+
+    def _caps(self, index: int, mem: _GpuMemory) -> Capabilities:
+        if not self.power_control:
+            return Capabilities()
+        try:
+            caps = self.backend.capabilities(index)
+        except Exception:
+            return Capabilities()
+        return Capabilities(
+            power_limit=caps.power_limit and "set_power_limit" not in mem.disabled,
+            locked_clocks=caps.locked_clocks and "lock_clocks" not in mem.disabled,
+            xid_events=caps.xid_events,
+            processes=caps.processes,
+        )
+
+    def _apply(self, action: PowerAction, mem: _GpuMemory) -> ActionResult:
+        if self.dry_run:
+            return ActionResult(action, "dry-run")
+        b = self.backend
+        try:
+            if action.kind == "set_power_limit":
+                assert action.watts is not None
+                b.set_power_limit_w(action.index, action.watts)
+            elif action.kind == "reset_power_limit":
+                limits = b.power_limits(action.index)
+                if limits is None:
+                    raise NotSupported("no power limit range")
+                b.set_power_limit_w(action.index, limits.default_w)
+            elif action.kind == "lock_clocks":
+                assert action.clock_mhz is not None
+                b.lock_clocks_mhz(action.index, action.clock_mhz)
+            else:
+                b.reset_clocks(action.index)
+        except NotSupported as exc:
+            mem.disabled.add("lock_clocks" if "clocks" in action.kind else "set_power_limit")
+            return ActionResult(action, "not-supported", str(exc))
+        except PermissionDenied as exc:
+            mem.disabled.add("lock_clocks" if "clocks" in action.kind else "set_power_limit")
+            return ActionResult(action, "no-permission", str(exc))
+        except Exception as exc:
+            return ActionResult(action, "failed", f"{type(exc).__name__}: {exc}")
+        return ActionResult(action, "applied")
+
+    def decide(self, snap: Snapshot) -> tuple[dict[int, GpuHealth], list[ActionResult]]:
+        """Health and power plan for every GPU of a snapshot; applies the plan."""
+        now = snap.taken_at
+        for event in snap.xids:
+            mem = self._gpus.setdefault(event.index, _GpuMemory())
+            mem.last_xid = event.xid
+            if event.xid in self.health_args.fatal_xids:
+                mem.last_fatal_xid = (event.xid, event.at)
+                log.error("gpu %d: fatal xid %d", event.index, event.xid)
+            else:
+                log.info("gpu %d: xid %d (application error)", event.index, event.xid)
+        healths: dict[int, GpuHealth] = {}
+        results: list[ActionResult] = []
+        for reading in snap.readings:
+            mem = self._gpus.setdefault(reading.index, _GpuMemory())
+            healths[reading.index] = health.assess(
+                reading, snap.checks, mem.last_fatal_xid, now, self.health_args
+            )
+            caps = self._caps(reading.index, mem)
+            try:
+                limits = self.backend.power_limits(reading.index) if caps.power_limit else None
+            except Exception:
+                limits = None
+            mem.power, actions = power.plan(
+                mem.power, reading, limits, caps, reading.index in self._boost, now, self.power_args
+            )
+            for action in actions:
+                result = self._apply(action, mem)
+                results.append(result)
+                self.metrics.power_actions.labels(
+                    str(action.index), action.kind, action.reason, result.outcome
+                ).inc()
+                log.info(
+                    "gpu %d: %s (%s)%s%s → %s %s",
+                    action.index,
+                    action.kind,
+                    action.reason,
+                    f" {action.watts} W" if action.watts is not None else "",
+                    f" {action.clock_mhz} MHz" if action.clock_mhz is not None else "",
+                    result.outcome,
+                    result.detail,
+                )
+        return healths, results
+
+    def build_report(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> TelemetryReport:
+        """The telemetry push for a snapshot (DESIGN.md §3)."""
+        self.seq += 1
+        gpus = []
+        for r in snap.readings:
+            h = healths.get(r.index) or GpuHealth("healthy")
+            mem = self._gpus.get(r.index)
+            gpus.append(
+                {
+                    "index": r.index,
+                    "uuid": r.uuid,
+                    "model": r.model,
+                    "temperature_c": r.temperature_c,
+                    "power_w": r.power_w,
+                    "power_limit_w": r.power_limit_w,
+                    "utilization_pct": r.utilization_pct,
+                    "memory_total_mib": r.memory_total_mib,
+                    "memory_used_mib": r.memory_used_mib,
+                    "sm_clock_mhz": r.sm_clock_mhz,
+                    "sm_clock_max_mhz": r.sm_clock_max_mhz,
+                    "throttle_reasons": list(r.throttle_reasons),
+                    "ecc_uncorrected": r.ecc_uncorrected,
+                    "xid_last": mem.last_xid if mem else None,
+                    "health": h.level,
+                    "health_reasons": list(h.reasons),
+                    "processes": [
+                        {
+                            "pid": p.pid,
+                            "pod_uid": p.pod_uid,
+                            "container": p.container,
+                            "used_mib": p.used_mib,
+                        }
+                        for p in r.processes
+                    ],
+                }
+            )
+        c = snap.checks
+        return TelemetryReport.model_validate(
+            {
+                "schema": "edgegpu.io/telemetry/v1",
+                "node": self.node,
+                "agent": {
+                    "version": __version__,
+                    "backend": self.backend.name,
+                    "boot_id": self.boot_id,
+                    "seq": self.seq,
+                },
+                "sampled_at": datetime.fromtimestamp(self.wall(), UTC),
+                "interval_s": self.interval_s,
+                "labels": self.labels,
+                "node_health": {
+                    "driver_ok": c.driver_ok,
+                    "device_nodes_ok": c.device_nodes_ok,
+                    "device_plugin_ok": c.device_plugin_ok,
+                    "cuda_ctx_success_ratio": c.cuda_ctx_success_ratio,
+                },
+                "gpus": gpus,
+            }
+        )
+
+    def _export(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> None:
+        view = self.metrics.view
+        view.readings = list(snap.readings)
+        view.health = healths
+        view.checks = snap.checks
+        view.saving = {i: m.power.saving is not None for i, m in self._gpus.items()}
+        view.thermal_cap_w = {i: m.power.thermal_cap_w for i, m in self._gpus.items()}
+
+    async def round(self) -> Round:
+        """One full round. Protection is applied before the push is even tried."""
+        snap = self.sample()
+        healths, actions = self.decide(snap)
+        self._export(snap, healths)
+        report = self.build_report(snap, healths)
+        outcome = None
+        if self.pusher is not None:
+            outcome = await self.pusher.push(report.to_json_bytes())
+            for url, result in outcome.results.items():
+                self.metrics.pushes.labels(url, result).inc()
+            if any(r in ("ok", "ignored") for r in outcome.results.values()):
+                self._boost = outcome.performance_gpus
+        return Round(report, actions, outcome)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds every ``interval_s`` until ``stop`` is set; no error ends the loop."""
+        while not stop.is_set():
+            started = self.clock()
+            try:
+                await self.round()
+            except Exception:
+                self.metrics.cycle_errors.inc()
+                log.exception("round failed; carrying on")
+            delay = max(self.interval_s - (self.clock() - started), 0.0)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    def shutdown(self) -> None:
+        """Undo power saving (thermal caps stay: the GPU may still be hot), close the backend."""
+        for index, mem in self._gpus.items():
+            for action in power.undo_saving(mem.power, index):
+                result = self._apply(action, mem)
+                log.info("gpu %d: %s at shutdown → %s", index, action.kind, result.outcome)
+        try:
+            self.backend.close()
+        except Exception as exc:
+            log.warning("backend close failed: %s", exc)

@@ -1,0 +1,126 @@
+"""Plain values the agent passes around: readings, limits, capabilities, planned actions.
+
+Imports only the standard library. Units are in the names; ``None`` = not supported / no data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU."""
+
+    pid: int
+    used_mib: float | None = None
+    pod_uid: str | None = None
+    container: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one moment, as the backend could read it."""
+
+    index: int
+    uuid: str
+    model: str | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: float | None = None
+    memory_total_mib: float | None = None
+    memory_used_mib: float | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    ecc_uncorrected: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    lost: bool = False
+    """The GPU stopped answering; every other field is then None."""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerLimits:
+    """What the power limit may be set to (W)."""
+
+    min_w: float
+    max_w: float
+    default_w: float
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do for one GPU; everything defaults to "not supported"."""
+
+    power_limit: bool = False
+    locked_clocks: bool = False
+    xid_events: bool = False
+    processes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChecks:
+    """Node- and pod-level health inputs (seed §4.1)."""
+
+    driver_ok: bool | None = None
+    device_nodes_ok: bool | None = None
+    device_plugin_ok: bool | None = None
+    cuda_ctx_success_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An XID error reported by the driver for one GPU."""
+
+    index: int
+    xid: int
+    at: float
+    """Agent monotonic seconds."""
+
+
+HealthLevel = Literal["healthy", "degraded", "unhealthy"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """A GPU's health with stable reason codes (``xid:79``, ``ecc:dbe``, ...)."""
+
+    level: HealthLevel
+    reasons: tuple[str, ...] = ()
+    xid_last: int | None = None
+
+
+ActionKind = Literal["set_power_limit", "reset_power_limit", "lock_clocks", "reset_clocks"]
+
+
+@dataclass(frozen=True, slots=True)
+class PowerAction:
+    """One planned change to a GPU's power state, with why."""
+
+    index: int
+    kind: ActionKind
+    reason: str
+    """``thermal``, ``power-saving``, ``restore``..."""
+    watts: float | None = None
+    clock_mhz: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """What became of a planned action."""
+
+    action: PowerAction
+    outcome: Literal["applied", "dry-run", "not-supported", "no-permission", "failed", "skipped"]
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One sampling round of the whole node."""
+
+    taken_at: float
+    readings: list[GpuReading] = field(default_factory=list)
+    checks: NodeChecks = field(default_factory=NodeChecks)
+    xids: list[XidEvent] = field(default_factory=list)

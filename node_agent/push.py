@@ -1,0 +1,166 @@
+"""Telemetry push to every extender replica, with bounded exponential backoff and jitter.
+
+Each round sends the latest report; a replica in backoff is skipped, so when a link comes back
+it gets the newest state, never a backlog. Imports httpx and the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+log = logging.getLogger("node_agent.push")
+
+PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
+
+
+@dataclass(slots=True)
+class _Target:
+    url: str
+    failures: int = 0
+    next_at: float = 0.0
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """What one round of pushes did, per URL, and what the extenders asked of us."""
+
+    results: dict[str, PushResult]
+    performance_gpus: frozenset[int] = field(default_factory=frozenset)
+    """GPUs the extender says hold high-QoS pods (restore full clocks)."""
+
+
+class Pusher:
+    """Pushes report bodies to a list of extender URLs."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        client: httpx.AsyncClient,
+        *,
+        clock: Callable[[], float],
+        token_file: Path | None = None,
+        base_backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._targets = [_Target(u.rstrip("/") + "/v1/telemetry") for u in urls]
+        self._client = client
+        self._clock = clock
+        self._token_file = token_file
+        self._base = base_backoff_s
+        self._max = max_backoff_s
+        self._rng = rng or random.Random()
+
+    def backoff_s(self, failures: int) -> float:
+        """Delay after ``failures`` failures in a row.
+
+        delay = min(max, base · 2^(n−1)), jittered down to 50-100 % so replicas do not retry
+        in step.
+        """
+        bound = min(self._max, self._base * 2.0 ** max(failures - 1, 0))
+        return float(bound * self._rng.uniform(0.5, 1.0))
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self._token_file is not None:
+            try:
+                # Projected tokens rotate: read the file on every push.
+                token = self._token_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                log.warning("cannot read token file %s: %s", self._token_file, exc.strerror)
+            else:
+                headers["authorization"] = f"Bearer {token}"
+        return headers
+
+    async def _one(
+        self, target: _Target, body: bytes, headers: dict[str, str]
+    ) -> tuple[PushResult, frozenset[int]]:
+        now = self._clock()
+        if now < target.next_at:
+            return "backoff", frozenset()
+        try:
+            response = await self._client.post(target.url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return self._failed(target, now, f"{type(exc).__name__}: {exc}"), frozenset()
+        if response.status_code >= 500 or response.status_code in (401, 403, 429):
+            return self._failed(
+                target, now, f"HTTP {response.status_code}: {response.text[:200]}"
+            ), frozenset()
+        if response.status_code >= 400:
+            # Our report is wrong: say so loudly, and back off so the log is not flooded.
+            self._failed(target, now, f"HTTP {response.status_code}: {response.text[:500]}")
+            return "rejected", frozenset()
+        if target.failures:
+            log.info("push to %s works again after %d failures", target.url, target.failures)
+        target.failures, target.next_at, target.last_error = 0, 0.0, ""
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {}
+        gpus = payload.get("performance_gpus") if isinstance(payload, dict) else None
+        boost = (
+            frozenset(g for g in gpus if isinstance(g, int))
+            if isinstance(gpus, list)
+            else frozenset()
+        )
+        accepted = payload.get("accepted", True) if isinstance(payload, dict) else True
+        return ("ok" if accepted else "ignored"), boost
+
+    def _failed(self, target: _Target, now: float, error: str) -> PushResult:
+        target.failures += 1
+        target.next_at = now + self.backoff_s(target.failures)
+        if target.failures == 1 or error != target.last_error:
+            log.warning("push to %s failed (%d in a row): %s", target.url, target.failures, error)
+        target.last_error = error
+        return "failed"
+
+    async def push(self, body: bytes) -> PushOutcome:
+        """Send one report body to every URL that is not backing off, concurrently."""
+        headers = self._headers()
+        done = await asyncio.gather(*(self._one(t, body, headers) for t in self._targets))
+        boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
+        return PushOutcome({t.url: r for t, (r, _) in zip(self._targets, done, strict=True)}, boost)
+
+
+class FlappingLinkTransport(httpx.AsyncBaseTransport):
+    """A transport whose link is down for ``down_s`` out of every ``period_s`` (simulation).
+
+    Used by the ``flapping-link`` scenario and the tests: the failure happens at the HTTP
+    boundary, exactly where a dropped edge link would show.
+    """
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        clock: Callable[[], float],
+        period_s: float = 60.0,
+        down_s: float = 20.0,
+    ) -> None:
+        self._inner = inner
+        self._clock = clock
+        self._start = clock()
+        self._period = period_s
+        self._down = down_s
+
+    def link_up(self) -> bool:
+        """Whether the simulated link is up now."""
+        return (self._clock() - self._start) % self._period >= self._down
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Fail with ConnectError while the link is down."""
+        if not self.link_up():
+            raise httpx.ConnectError("simulated edge link is down", request=request)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport."""
+        await self._inner.aclose()
