@@ -100,7 +100,9 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
     unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
     the whole GPU idle). Failing nodes get the first reason that applies, in the order of
     ``Reason``'s checks below. The score of a passing node is the weighted mean of the terms at
-    the GPUs bind would choose (the best-scoring usable ones; ties go to the lowest index):
+    the GPUs bind would choose (the best-scoring usable ones; ties go to the lowest index).
+    Too few cool GPUs is reported before too few free ones: evicting pods from a hot GPU does
+    not help, so preemption must see "hot" there.
 
         score = Σ_t w_t · term_t / Σ_t w_t,   points = round(MAX_SCORE · score)
     """
@@ -160,8 +162,8 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
             ~batch.driver_ok,
             ~healthy.any(axis=1),
             candidate.sum(axis=1) < need,
-            (fitting.sum(axis=1) >= need) & (n_usable < need) & (fitting & hot).any(axis=1),
-            (fitting.sum(axis=1) >= need) & (n_usable < need),
+            ((candidate & cool).sum(axis=1) < need) & (candidate & hot).any(axis=1),
+            (candidate & cool).sum(axis=1) < need,
             n_usable < need,
         ],
         [

@@ -82,7 +82,7 @@ def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: boo
     """
     if request_blocks <= 0:
         return np.ones(free.shape, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(all="ignore"):
         left = np.clip((free - request_blocks) / capacity, 0.0, 1.0)
     left = np.nan_to_num(left, nan=0.0)
     return 1.0 - left if pack else left

@@ -36,7 +36,7 @@ def headroom_score(power_w: FloatArray, power_limit_w: FloatArray) -> FloatArray
 
     score = clip((limit − draw) / limit, 0, 1)
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(all="ignore"):
         score = np.clip((power_limit_w - power_w) / power_limit_w, 0.0, 1.0)
     unknown = np.isnan(power_w) | np.isnan(power_limit_w) | ~(power_limit_w > 0)
     return np.where(unknown, 0.5, score)

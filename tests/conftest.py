@@ -1,0 +1,29 @@
+"""Fixtures: a fake clock, a fresh app per test, and an HTTP client on the ASGI app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from scheduler_extender.api.app import create_app
+from scheduler_extender.telemetry.clock import FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def app(clock: FakeClock) -> FastAPI:
+    return create_app(clock=clock)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
+        yield c

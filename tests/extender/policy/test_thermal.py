@@ -1,0 +1,92 @@
+import math
+
+import numpy as np
+import pytest
+
+from scheduler_extender.policy import thermal
+from scheduler_extender.policy.thermal import COOL, ThermalArgs, ThermalState
+
+ARGS = ThermalArgs.model_validate({"maxTemp": 85, "coolDownPeriod": "5m"})
+
+
+@pytest.mark.parametrize(
+    ("state", "temperature", "now", "expected"),
+    [
+        pytest.param(COOL, 60.0, 10.0, COOL, id="a cool gpu stays cool"),
+        pytest.param(
+            COOL,
+            85.0,
+            10.0,
+            ThermalState(hot_since=10.0),
+            id="reaching maxTemp exactly makes it hot",
+        ),
+        pytest.param(
+            ThermalState(hot_since=5.0),
+            90.0,
+            10.0,
+            ThermalState(hot_since=5.0),
+            id="a hot gpu keeps its first hot time",
+        ),
+        pytest.param(
+            ThermalState(hot_since=5.0),
+            84.9,
+            10.0,
+            ThermalState(below_since=10.0),
+            id="dropping below starts the cool-down",
+        ),
+        pytest.param(
+            ThermalState(below_since=10.0),
+            70.0,
+            50.0,
+            ThermalState(below_since=10.0),
+            id="staying below keeps the cool-down start",
+        ),
+        pytest.param(
+            ThermalState(below_since=10.0),
+            86.0,
+            50.0,
+            ThermalState(hot_since=50.0),
+            id="heating again during the cool-down restarts it",
+        ),
+        pytest.param(
+            ThermalState(hot_since=5.0),
+            None,
+            10.0,
+            ThermalState(hot_since=5.0),
+            id="an unknown temperature changes nothing",
+        ),
+    ],
+)
+def test_step_walks_the_hysteresis(state, temperature, now, expected):
+    assert thermal.step(state, temperature, now, ARGS) == expected
+
+
+def test_hot_gpu_is_excluded_until_it_has_been_below_max_for_the_cool_down():
+    states = [ThermalState(hot_since=1.0), ThermalState(below_since=100.0), COOL]
+    hot = np.array([s.hot_since is not None for s in states])
+    below = np.array([np.nan if s.below_since is None else s.below_since for s in states])
+    until = thermal.excluded_until(hot, below, ARGS)
+    assert until[0] == math.inf
+    assert until[1] == 100.0 + 300.0
+    assert until[2] == -math.inf
+
+
+@pytest.mark.parametrize(
+    ("temperature", "expected"),
+    [
+        pytest.param(30.0, 1.0, id="idle temperature scores full headroom"),
+        pytest.param(85.0, 0.0, id="max temperature scores no headroom"),
+        pytest.param(95.0, 0.0, id="above max is clipped to zero"),
+        pytest.param(57.5, 0.5, id="halfway between idle and max scores a half"),
+        pytest.param(float("nan"), 0.5, id="an unknown temperature is neutral"),
+    ],
+)
+def test_headroom_score_is_linear_between_idle_and_max(temperature, expected):
+    assert thermal.headroom_score(np.array([temperature]), ARGS)[0] == pytest.approx(expected)
+
+
+def test_migration_is_needed_only_after_being_hot_longer_than_migrate_after():
+    hot = ThermalState(hot_since=0.0)
+    assert not thermal.needs_migration(hot, 120.0, ARGS)
+    assert thermal.needs_migration(hot, 120.1, ARGS)
+    assert not thermal.needs_migration(ThermalState(below_since=0.0), 1000.0, ARGS)

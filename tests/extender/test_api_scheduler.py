@@ -1,0 +1,284 @@
+import orjson
+import pytest
+
+from scheduler_extender.api.app import create_app
+from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.domain import Assignment
+from scheduler_extender.errors import BindError
+from tests.builders import args_names, args_nodes, gpu, node_object, pod, report
+
+
+async def push(client, *reports):
+    for r in reports:
+        resp = await client.post("/v1/telemetry", json=r)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["accepted"] is True
+
+
+async def test_filter_in_names_mode_answers_with_names_only(client):
+    await push(client, report("a"), report("b", [gpu(0, temperature_c=95.0)]))
+    resp = await client.post("/filter", json=args_names(pod(qos="training"), ["a", "b", "ghost"]))
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["NodeNames"] == ["a"]
+    assert body["Nodes"] is None
+    assert body["FailedNodes"] == {"b": "edgegpu: gpu too hot"}
+    assert body["FailedAndUnresolvableNodes"] == {"ghost": "edgegpu: no gpu telemetry from node"}
+    assert body["Error"] == ""
+
+
+async def test_filter_in_nodes_mode_returns_the_same_node_objects_unchanged(client):
+    await push(client, report("a"), report("b", [gpu(0, health="unhealthy")]))
+    nodes = [node_object("a", {"x": "1"}), node_object("b")]
+    resp = await client.post("/filter", json=args_nodes(pod(), nodes))
+    body = resp.json()
+    assert body["NodeNames"] is None
+    assert body["Nodes"]["items"] == [nodes[0]]
+    assert body["FailedAndUnresolvableNodes"] == {"b": "edgegpu: every gpu is unhealthy"}
+
+
+async def test_training_fails_closed_on_an_unknown_node_and_inference_fails_open(client):
+    resp = await client.post("/filter", json=args_names(pod(qos="training"), ["ghost"]))
+    assert resp.json()["FailedAndUnresolvableNodes"] == {
+        "ghost": "edgegpu: no gpu telemetry from node"
+    }
+    resp = await client.post("/filter", json=args_names(pod(qos="inference"), ["ghost"]))
+    assert resp.json()["NodeNames"] == ["ghost"]
+
+
+async def test_prioritize_scores_only_the_names_sent_in_zero_to_ten(client):
+    await push(
+        client,
+        report("cool", [gpu(0, temperature_c=35.0)]),
+        report("warm", [gpu(0, temperature_c=80.0)]),
+    )
+    resp = await client.post("/prioritize", json=args_names(pod(qos="training"), ["warm", "cool"]))
+    assert resp.status_code == 200
+    scores = {h["Host"]: h["Score"] for h in resp.json()}
+    assert set(scores) == {"warm", "cool"}
+    assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())
+    assert scores["cool"] > scores["warm"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"{not json", id="broken json"),
+        pytest.param(b"", id="empty body"),
+        pytest.param(b'{"Pod": 7, "NodeNames": ["a"]}', id="pod is a number"),
+        pytest.param(b'{"Pod": {}, "NodeNames": {"a": 1}}', id="names is an object"),
+        pytest.param(
+            b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"edgegpu.io/gpu-mem-block": "x"}}}]}}, "NodeNames": ["a"]}',
+            id="bad quantity",
+        ),
+        pytest.param(
+            b'{"Pod": {"spec": {"containers": "oops"}}, "NodeNames": ["a"]}',
+            id="containers not a list",
+        ),
+        pytest.param(b"\xff\xfe\x00", id="not utf-8"),
+    ],
+)
+async def test_malformed_bodies_get_200_with_an_error_never_a_500(client, body):
+    resp = await client.post("/filter", content=body)
+    assert resp.status_code == 200
+    assert resp.json()["Error"]
+    assert "Traceback" not in resp.text
+    resp = await client.post("/prioritize", content=body)
+    assert resp.status_code == 200 and resp.json() == []
+    resp = await client.post("/bind", content=body)
+    assert resp.status_code == 200 and resp.json()["Error"]
+    resp = await client.post("/preempt", content=body)
+    assert resp.status_code == 200 and resp.json() == {"NodeNameToMetaVictims": {}}
+
+
+async def test_a_body_over_the_cap_is_refused_without_a_500(clock):
+    app = create_app(ExtenderSettings(max_request_bytes=1000), clock=clock)
+    import httpx
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        resp = await c.post("/filter", json=args_names(pod(), [f"n{i}" for i in range(500)]))
+        assert resp.status_code == 200
+        assert "over the limit" in resp.json()["Error"]
+
+
+async def test_ten_thousand_unknown_nodes_are_answered(client):
+    names = [f"node-{i:05d}" for i in range(10_000)]
+    resp = await client.post("/filter", json=args_names(pod(qos="training"), names))
+    body = resp.json()
+    assert body["NodeNames"] == []
+    assert len(body["FailedAndUnresolvableNodes"]) == 10_000
+    resp = await client.post("/prioritize", json=args_names(pod(qos="inference"), names))
+    assert [h["Host"] for h in resp.json()] == names
+
+
+async def test_a_pod_asking_for_no_gpu_passes_every_node(client):
+    resp = await client.post("/filter", json=args_names(pod(blocks=None), ["x", "y"]))
+    assert resp.json()["NodeNames"] == ["x", "y"]
+
+
+async def test_the_verbs_also_answer_under_a_path_prefix(clock):
+    import httpx
+
+    app = create_app(ExtenderSettings(path_prefix="/scheduler"), clock=clock)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as c:
+        resp = await c.post("/scheduler/filter", json=args_names(pod(blocks=None), ["x"]))
+        assert resp.status_code == 200 and resp.json()["NodeNames"] == ["x"]
+
+
+async def test_bind_without_a_binder_reports_the_gpu_it_would_choose(client):
+    await push(client, report("a", [gpu(0, memory_used_mib=15000.0), gpu(1, uuid="GPU-free")]))
+    await client.post("/filter", json=args_names(pod("p1", uid="u1"), ["a"]))
+    resp = await client.post(
+        "/bind", json={"PodName": "p1", "PodNamespace": "default", "PodUID": "u1", "Node": "a"}
+    )
+    assert resp.status_code == 200
+    error = resp.json()["Error"]
+    assert "no binder configured" in error and "gpu 1 (GPU-free)" in error
+
+
+async def test_bind_of_a_pod_never_filtered_is_a_clear_error(client):
+    resp = await client.post(
+        "/bind", json={"PodName": "p", "PodNamespace": "d", "PodUID": "nope", "Node": "a"}
+    )
+    assert "never filtered" in resp.json()["Error"]
+
+
+class RecordingBinder:
+    """A Binder that records what it was asked and can be told to fail."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[Assignment] = []
+        self.fail = fail
+
+    async def bind(self, assignment: Assignment) -> None:
+        self.calls.append(assignment)
+        if self.fail:
+            raise BindError("the API server said no")
+
+
+async def make_client(clock, binder):
+    import httpx
+
+    app = create_app(clock=clock, binder=binder)
+    return app, httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 1)), base_url="http://x"
+    )
+
+
+async def test_bind_records_the_assignment_so_the_next_pod_sees_the_blocks_taken(clock):
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    async with client:
+        await push(client, report("a", [gpu(0, memory_total_mib=8192.0)]))
+        for name in ("p1", "p2"):
+            await client.post("/filter", json=args_names(pod(name, blocks=1), ["a"]))
+            resp = await client.post(
+                "/bind",
+                json={
+                    "PodName": name,
+                    "PodNamespace": "default",
+                    "PodUID": f"uid-{name}",
+                    "Node": "a",
+                },
+            )
+            assert resp.json() == {"Error": ""}
+        resp = await client.post("/filter", json=args_names(pod("p3", blocks=1), ["a"]))
+        assert resp.json()["FailedNodes"] == {
+            "a": "edgegpu: not enough free gpu-mem-blocks on one gpu"
+        }
+        assert [a.gpu_indices for a in binder.calls] == [(0,), (0,)]
+        assert binder.calls[0].gpu_uuids == ("GPU-0000",)
+
+
+async def test_bind_is_idempotent_for_the_same_pod_and_node(clock):
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    async with client:
+        await push(client, report("a", [gpu(0, memory_total_mib=4096.0)]))
+        await client.post("/filter", json=args_names(pod("p1"), ["a"]))
+        bind = {"PodName": "p1", "PodNamespace": "default", "PodUID": "uid-p1", "Node": "a"}
+        assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
+        assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
+        assert len(app.state.ctx.state.allocations) == 1
+
+
+async def test_a_failed_bind_releases_the_reservation(clock):
+    binder = RecordingBinder(fail=True)
+    app, client = await make_client(clock, binder)
+    async with client:
+        await push(client, report("a"))
+        await client.post("/filter", json=args_names(pod("p1"), ["a"]))
+        resp = await client.post(
+            "/bind",
+            json={"PodName": "p1", "PodNamespace": "default", "PodUID": "uid-p1", "Node": "a"},
+        )
+        assert "bind failed: the API server said no" in resp.json()["Error"]
+        assert len(app.state.ctx.state.allocations) == 0
+
+
+async def test_preempt_drops_hot_and_unhealthy_nodes_and_keeps_the_victim_order(client):
+    await push(
+        client,
+        report("busy", [gpu(0, memory_used_mib=16000.0)]),
+        report("hot", [gpu(0, temperature_c=99.0, memory_used_mib=16000.0)]),
+        report("sick", [gpu(0, health="unhealthy")]),
+    )
+    victims = {
+        n: {"Pods": [{"UID": f"{n}-1"}, {"UID": f"{n}-2"}], "NumPDBViolations": 0}
+        for n in ("busy", "hot", "sick")
+    }
+    resp = await client.post(
+        "/preempt",
+        json={
+            "Pod": pod(qos="training"),
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": victims,
+        },
+    )
+    assert resp.json() == {"NodeNameToMetaVictims": {"busy": victims["busy"]}}
+
+
+async def test_preempt_drops_a_node_where_our_known_victims_would_not_free_enough(clock):
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    async with client:
+        await push(
+            client, report("a", [gpu(0, memory_total_mib=8192.0), gpu(1, memory_total_mib=8192.0)])
+        )
+        for name in ("v1", "v2"):
+            await client.post(
+                "/filter", json=args_names(pod(name, blocks=1, qos="inference"), ["a"])
+            )
+            await client.post(
+                "/bind",
+                json={
+                    "PodName": name,
+                    "PodNamespace": "default",
+                    "PodUID": f"uid-{name}",
+                    "Node": "a",
+                },
+            )
+        placed = {a.pod_uid: a.gpu_indices for a in binder.calls}
+        assert placed == {"uid-v1": (0,), "uid-v2": (0,)}
+        # Block both gpus: a whole-gpu pod needs a GPU freed of *all* its pods.
+        await client.post(
+            "/filter", json=args_names(pod("w", blocks=None, whole=1, qos="training"), ["a"])
+        )
+        await client.post(
+            "/bind",
+            json={"PodName": "w", "PodNamespace": "default", "PodUID": "uid-w", "Node": "a"},
+        )
+        big = pod("big", blocks=2, qos="training")
+        one_victim = {"a": {"Pods": [{"UID": "uid-v1"}], "NumPDBViolations": 0}}
+        resp = await client.post("/preempt", json={"Pod": big, "NodeNameToMetaVictims": one_victim})
+        assert resp.json() == {"NodeNameToMetaVictims": {}}
+        both = {"a": {"Pods": [{"UID": "uid-v1"}, {"UID": "uid-v2"}], "NumPDBViolations": 0}}
+        resp = await client.post("/preempt", json={"Pod": big, "NodeNameToMetaVictims": both})
+        assert resp.json() == {"NodeNameToMetaVictims": both}
+
+
+async def test_preempt_passes_placeholder_nodes_without_victims_through(client):
+    await push(client, report("a"))
+    body = {"Pod": pod(), "NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
+    resp = await client.post("/preempt", content=orjson.dumps(body))
+    assert resp.json() == {"NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
