@@ -167,7 +167,7 @@ async def make_client(clock, binder):
 
 async def test_bind_records_the_assignment_so_the_next_pod_sees_the_blocks_taken(clock):
     binder = RecordingBinder()
-    app, client = await make_client(clock, binder)
+    _, client = await make_client(clock, binder)
     async with client:
         await push(client, report("a", [gpu(0, memory_total_mib=8192.0)]))
         for name in ("p1", "p2"):
@@ -240,7 +240,7 @@ async def test_preempt_drops_hot_and_unhealthy_nodes_and_keeps_the_victim_order(
 
 async def test_preempt_drops_a_node_where_our_known_victims_would_not_free_enough(clock):
     binder = RecordingBinder()
-    app, client = await make_client(clock, binder)
+    _, client = await make_client(clock, binder)
     async with client:
         await push(
             client, report("a", [gpu(0, memory_total_mib=8192.0), gpu(1, memory_total_mib=8192.0)])

@@ -64,5 +64,5 @@ def test_bad_pod_specs_say_which_field_is_wrong(spec_change, message):
 def test_a_non_integer_priority_is_refused():
     p = pod("p")
     p["spec"]["priority"] = "high"
-    with pytest.raises(RequestError, match="spec.priority"):
+    with pytest.raises(RequestError, match=r"spec\.priority"):
         pod_demand(p, QOS)
