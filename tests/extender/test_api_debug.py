@@ -1,0 +1,74 @@
+from tests.builders import args_names, gpu, pod, report
+
+
+async def test_explain_lists_every_term_before_and_after_weighting(client):
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=57.5)]))
+    await client.post("/v1/telemetry", json=report("b", [gpu(0, temperature_c=95.0)]))
+    resp = await client.post(
+        "/debug/explain", json=args_names(pod(qos="training"), ["a", "b", "c"])
+    )
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["pod"]["qos"] == "training"
+    by_node = {n["node"]: n for n in body["nodes"]}
+    assert by_node["a"]["verdict"] == "passed"
+    assert by_node["b"] == by_node["b"] | {"verdict": "failed", "reason": "edgegpu: gpu too hot"}
+    assert by_node["c"]["verdict"] == "unresolvable"
+    terms = by_node["a"]["terms"]
+    assert set(terms) == {"thermal", "power", "memoryFit", "powerSaving", "health", "topology"}
+    assert terms["thermal"]["value"] == 0.5
+    total = sum(t["weight"] for t in terms.values())
+    assert round(sum(t["weighted"] for t in terms.values()), 3) == round(
+        by_node["a"]["score_exact"], 3
+    )
+    assert terms["thermal"]["weighted"] == round(0.5 * terms["thermal"]["weight"] / total, 4)
+
+
+async def test_explain_refuses_a_malformed_body_with_400(client):
+    resp = await client.post("/debug/explain", content=b"{")
+    assert resp.status_code == 400
+    assert "not valid JSON" in resp.json()["error"]
+
+
+async def test_one_node_in_full_and_an_unknown_node_is_404(client):
+    await client.post(
+        "/v1/telemetry",
+        json=report("a", [gpu(0, processes=[{"pid": 1, "pod_uid": "p", "used_mib": 10}])]),
+    )
+    full = (await client.get("/debug/nodes/a")).json()
+    assert full["gpus"][0]["processes"] == [
+        {"pid": 1, "pod_uid": "p", "container": None, "used_mib": 10.0}
+    ]
+    assert (await client.get("/debug/nodes/zzz")).status_code == 404
+
+
+async def test_policy_health_readiness_metrics_and_docs_answer(client):
+    policy = (await client.get("/debug/policy")).json()
+    assert policy["source"] == "defaults"
+    assert policy["policy"]["spec"]["thermalThrottling"]["maxTemp"] == 85
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).status_code == 200
+    await client.post("/filter", json=args_names(pod(qos="training"), ["nobody"]))
+    text = (await client.get("/metrics")).text
+    assert 'edgegpu_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert (
+        'edgegpu_extender_decisions_total{reason="telemetry_missing",result="unresolvable",verb="filter"} 1.0'
+        in text
+    )
+    assert (await client.get("/docs")).status_code == 200
+    spec = (await client.get("/openapi.json")).json()
+    assert {
+        "/filter",
+        "/prioritize",
+        "/preempt",
+        "/bind",
+        "/v1/telemetry",
+        "/debug/explain",
+    } <= set(spec["paths"])
+
+
+async def test_telemetry_age_is_exported_per_node(client, clock):
+    await client.post("/v1/telemetry", json=report("a"))
+    clock.advance(7.5)
+    text = (await client.get("/metrics")).text
+    assert 'edgegpu_extender_telemetry_age_seconds{node="a"} 7.5' in text
