@@ -23,6 +23,8 @@ PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
 
 @dataclass(slots=True)
 class _Target:
+    base: str
+    """The extender URL as configured (results are keyed by it)."""
     url: str
     failures: int = 0
     next_at: float = 0.0
@@ -52,7 +54,7 @@ class Pusher:
         max_backoff_s: float = 60.0,
         rng: random.Random | None = None,
     ) -> None:
-        self._targets = [_Target(u.rstrip("/") + "/v1/telemetry") for u in urls]
+        self._targets = [_Target(u, u.rstrip("/") + "/v1/telemetry") for u in urls]
         self._client = client
         self._clock = clock
         self._token_file = token_file
@@ -128,7 +130,9 @@ class Pusher:
         headers = self._headers()
         done = await asyncio.gather(*(self._one(t, body, headers) for t in self._targets))
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
-        return PushOutcome({t.url: r for t, (r, _) in zip(self._targets, done, strict=True)}, boost)
+        return PushOutcome(
+            {t.base: r for t, (r, _) in zip(self._targets, done, strict=True)}, boost
+        )
 
 
 class FlappingLinkTransport(httpx.AsyncBaseTransport):

@@ -87,6 +87,7 @@ class SimulatedBackend:
         scenario_after_s: float = 20.0,
         clock: Callable[[], float],
         load_pct: float | None = None,
+        model: str | None = None,
     ) -> None:
         if scenario not in SCENARIOS:
             raise BackendUnavailable(
@@ -102,6 +103,12 @@ class SimulatedBackend:
         digest = hashlib.sha256(f"{seed}:{node}".encode()).digest()
         self._seed = int.from_bytes(digest[:8], "big")
         self._load_pct = load_pct
+        names = [m.name for m in MODELS]
+        if model is not None and model not in names:
+            raise BackendUnavailable(
+                f"unknown simulated model {model!r}; one of: {', '.join(names)}"
+            )
+        self._model_name = model
         self._gpus: list[_Gpu] = []
         self._start = 0.0
         self._opened = False
@@ -111,6 +118,8 @@ class SimulatedBackend:
         """Build the GPUs; time zero for the scenario is now."""
         rng = random.Random(self._seed)
         model = MODELS[rng.randrange(len(MODELS))]
+        if self._model_name is not None:
+            model = next(m for m in MODELS if m.name == self._model_name)
         self._start = self._clock()
         self._gpus = []
         for i in range(self._count):
@@ -175,7 +184,7 @@ class SimulatedBackend:
             reasons.append("applications_clocks_setting")
         ambient = gpu.ambient_c
         if self.scenario == "overheat" and gpu.index == 0 and self._in_fault():
-            ambient = 58.0  # the fan failed
+            ambient = 48.0  # blocked airflow in the cabinet
         target = ambient + m.thermal_resistance_c_per_w * power
         dt = 0.0 if gpu.last_t is None else max(now - gpu.last_t, 0.0)
         gpu.temperature_c += (target - gpu.temperature_c) * (1.0 - math.exp(-dt / TIME_CONSTANT_S))

@@ -1,0 +1,227 @@
+"""The agent loop end to end: simulated GPUs, the real extender app, failing links."""
+
+import asyncio
+import random
+
+import httpx
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from node_agent.backends.nvml import NvmlBackend
+from node_agent.backends.simulated import SimulatedBackend
+from node_agent.exporter import AgentMetrics
+from node_agent.health import HealthArgs
+from node_agent.loop import Agent
+from node_agent.power import PowerArgs
+from node_agent.push import FlappingLinkTransport, Pusher
+from scheduler_extender.api.app import create_app
+from tests.builders import args_names, pod
+from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_agent(clock, backend=None, pusher=None, **kw):
+    backend = backend or SimulatedBackend(clock=clock, gpus=2, seed=1, node="n1")
+    backend.open()
+    return Agent(
+        backend,
+        node="n1",
+        interval_s=1.0,
+        metrics=AgentMetrics(CollectorRegistry(), "n1"),
+        health_args=HealthArgs(),
+        power_args=kw.pop("power_args", PowerArgs(window_s=10.0)),
+        pusher=pusher,
+        clock=clock,
+        **kw,
+    )
+
+
+async def test_reports_reach_the_real_extender_and_drive_its_filter():
+    clock = Clock()
+    app = create_app()
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        pusher = Pusher(["http://extender"], client, clock=clock)
+        agent = make_agent(clock, pusher=pusher)
+        first = await agent.round()
+        second = await agent.round()
+        assert set(first.push.results.values()) == {"ok"}
+        assert second.report.agent.seq == first.report.agent.seq + 1
+        assert second.report.agent.boot_id == first.report.agent.boot_id
+        resp = await client.post("/filter", json=args_names(pod(qos="training"), ["n1"]))
+        assert resp.json()["NodeNames"] == ["n1"]
+
+
+async def test_a_dead_link_backs_off_within_bounds_and_sends_the_latest_state_when_back():
+    clock = Clock()
+    sent: list[int] = []
+    down = True
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if down:
+            raise httpx.ConnectError("no route to host", request=request)
+        sent.append(orjson.loads(request.content)["agent"]["seq"])
+        return httpx.Response(200, json={"accepted": True})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        pusher = Pusher(
+            ["http://x"],
+            client,
+            clock=clock,
+            base_backoff_s=1.0,
+            max_backoff_s=8.0,
+            rng=random.Random(0),
+        )
+        agent = make_agent(clock, pusher=pusher)
+        attempts = 0
+        for _ in range(60):
+            out = await agent.round()
+            attempts += out.push.results["http://x"] == "failed"
+            clock.t += 1.0
+        # Backoff grows to at most 8 s: about 60 s / 4-8 s of attempts, never one per round.
+        assert 6 <= attempts <= 20
+        assert pusher.backoff_s(50) <= 8.0
+        down = False
+        clock.t += 10.0
+        out = await agent.round()
+        assert out.push.results["http://x"] == "ok"
+        assert sent == [out.report.agent.seq]  # the newest report only, no backlog
+
+
+@pytest.mark.parametrize(
+    "model", ["NVIDIA A10", "Tesla T4"], ids=["power-cap-suffices", "clocks-needed-too"]
+)
+async def test_local_thermal_protection_works_with_no_network_at_all(model):
+    clock = Clock()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("network unreachable", request=request)
+
+    backend = SimulatedBackend(
+        clock=clock, gpus=1, node="edge", scenario="overheat", scenario_after_s=0.0, model=model
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        agent = make_agent(
+            clock, backend=backend, pusher=Pusher(["http://cloud"], client, clock=clock)
+        )
+        temps, actions = [], []
+        for _ in range(120):  # 10 minutes at 5 s
+            clock.t += 5.0
+            out = await agent.round()
+            assert set(out.push.results.values()) <= {"failed", "backoff"}
+            temps.append(out.report.gpus[0].temperature_c)
+            actions += [a for a in out.actions if a.outcome == "applied"]
+        first_hot = next(i for i, t in enumerate(temps) if t >= 85.0)
+        assert min(temps[first_hot:]) < 85.0  # brought back under maxTemp without the cloud
+        episode = [a for a in actions if a.action.reason == "thermal"]
+        caps = [a.action.watts for a in episode if a.action.kind == "set_power_limit"]
+        first_restore = next((i for i, w in enumerate(caps[1:], 1) if w > caps[i - 1]), len(caps))
+        assert caps[:first_restore] == sorted(caps[:first_restore], reverse=True)
+        assert any(a.action.kind == "lock_clocks" for a in episode) == (model == "Tesla T4")
+
+
+async def test_dry_run_plans_but_changes_nothing():
+    clock = Clock()
+    backend = SimulatedBackend(clock=clock, gpus=1, node="n", load_pct=1.0)
+    agent = make_agent(clock, backend=backend, dry_run=True)
+    outcomes = []
+    for _ in range(15):
+        clock.t += 1.0
+        outcomes += [a.outcome for a in (await agent.round()).actions]
+    assert outcomes == ["dry-run"]
+    assert "applications_clocks_setting" not in backend.read(0).throttle_reasons
+
+
+def dev_tree(tmp_path, gpus):
+    for name in ["nvidiactl", *(f"nvidia{i}" for i in range(gpus))]:
+        (tmp_path / name).touch()
+    return tmp_path
+
+
+async def test_no_permission_is_reported_once_and_not_retried(tmp_path):
+    clock = Clock()
+    fake = FakePynvml([FakeGpu(util_pct=1)])
+    fake.setters_denied = True
+    backend = NvmlBackend(module=fake, dev_root=dev_tree(tmp_path, 1))
+    agent = make_agent(clock, backend=backend, power_args=PowerArgs(window_s=0.0))
+    outcomes = []
+    for _ in range(5):
+        clock.t += 1.0
+        outcomes += [a.outcome for a in (await agent.round()).actions]
+    assert outcomes == ["no-permission"]
+    assert len(fake.calls) == 1
+
+
+async def test_a_lost_gpu_and_a_broken_reading_do_not_stop_the_loop(tmp_path):
+    clock = Clock()
+    fake = FakePynvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
+    agent = make_agent(clock, backend=NvmlBackend(module=fake, dev_root=dev_tree(tmp_path, 2)))
+    fake.gpus[1].lost = True
+    out = await agent.round()
+    gpus = {g.index: g for g in out.report.gpus}
+    assert gpus[1].health == "unhealthy" and gpus[1].health_reasons == ["nvml:gpu-lost"]
+    assert gpus[0].health == "healthy"
+    fake.push_xid(0, 79)
+    out = await agent.round()
+    assert out.report.gpus[0].health_reasons == ["xid:79"] and out.report.gpus[0].xid_last == 79
+
+    stop = asyncio.Event()
+
+    def boom(index):
+        stop.set()
+        raise RuntimeError("driver hiccup")
+
+    agent.backend.read = boom  # type: ignore[method-assign]
+    await asyncio.wait_for(agent.run(stop), timeout=5)  # survives, then stops
+
+
+async def test_the_flapping_link_transport_drops_and_restores_the_link():
+    clock = Clock()
+    inner = httpx.MockTransport(lambda r: httpx.Response(200, json={"accepted": True}))
+    link = FlappingLinkTransport(inner, clock, period_s=60.0, down_s=20.0)
+    async with httpx.AsyncClient(transport=link) as client:
+        pusher = Pusher(["http://x"], client, clock=clock, base_backoff_s=0.5, max_backoff_s=1.0)
+        assert (await pusher.push(b"{}")).results["http://x"] == "failed"
+        clock.t += 25.0
+        assert (await pusher.push(b"{}")).results["http://x"] == "ok"
+
+
+async def test_the_exporter_uses_the_seed_metric_names_and_labels():
+    clock = Clock()
+    agent = make_agent(clock)
+    await agent.round()
+    text = _metrics_text(agent.metrics.registry)
+    for name in (
+        "node_gpu_temperature_celsius", "node_gpu_power_watts", "node_gpu_power_limit_watts",
+        "node_gpu_utilization_ratio", "node_gpu_memory_used_bytes", "node_gpu_sm_clock_hertz",
+        "node_gpu_health", "node_gpu_cuda_context_success_ratio",
+    ):  # fmt: skip
+        assert f"\n{name}{{" in text, name
+    line = next(
+        ln for ln in text.splitlines() if ln.startswith('node_gpu_temperature_celsius{device="0"')
+    )
+    assert 'model="' in line and 'node="n1"' in line and 'uuid="GPU-' in line
+
+
+async def test_unsupported_values_are_left_out_of_the_metrics():
+    clock = Clock()
+    backend = SimulatedBackend(clock=clock, gpus=1, node="n1", scenario="unsupported-fields")
+    agent = make_agent(clock, backend=backend)
+    await agent.round()
+    text = _metrics_text(agent.metrics.registry)
+    assert "\nnode_gpu_power_watts{" not in text
+    assert "\nnode_gpu_temperature_celsius{" in text
+
+
+def _metrics_text(registry):
+    from prometheus_client import generate_latest
+
+    return "\n" + generate_latest(registry).decode()

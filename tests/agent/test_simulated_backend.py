@@ -1,0 +1,96 @@
+import pytest
+
+from node_agent.backends import load_backend
+from node_agent.backends.simulated import SimulatedBackend
+from node_agent.errors import BackendUnavailable, NotSupported
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(scenario="steady", **kw):
+    clock = Clock()
+    b = SimulatedBackend(clock=clock, scenario=scenario, scenario_after_s=20.0, **kw)
+    b.open()
+    return b, clock
+
+
+def run(b, clock, seconds, step=5.0, index=0):
+    last = None
+    for _ in range(int(seconds / step)):
+        clock.t += step
+        last = b.read(index)
+    return last
+
+
+def test_the_same_seed_and_node_give_the_same_readings():
+    a, ca = make(seed=3, node="n")
+    b, cb = make(seed=3, node="n")
+    assert [run(a, ca, 30).temperature_c for _ in range(3)] == [
+        run(b, cb, 30).temperature_c for _ in range(3)
+    ]
+    c, cc = make(seed=4, node="n")
+    assert run(c, cc, 30) != run(a, ca, 30)
+
+
+def test_temperature_falls_after_a_power_cap():
+    b, clock = make(load_pct=100.0, gpus=1)
+    hot = run(b, clock, 300)
+    b.set_power_limit_w(0, b.power_limits(0).min_w)
+    capped = run(b, clock, 300)
+    assert capped.power_w <= b.power_limits(0).min_w
+    assert capped.temperature_c < hot.temperature_c - 3
+    assert "sw_power_cap" in capped.throttle_reasons
+
+
+def test_locked_low_clocks_lower_power():
+    b, clock = make(load_pct=60.0, gpus=1)
+    before = run(b, clock, 30)
+    b.lock_clocks_mhz(0, 800)
+    after = run(b, clock, 30)
+    assert after.power_w < before.power_w
+    assert after.sm_clock_mhz <= 800
+
+
+def test_overheat_drives_gpu0_over_85_c():
+    b, clock = make("overheat", gpus=2)
+    assert run(b, clock, 400).temperature_c >= 85.0
+
+
+def test_gpu_lost_loses_the_last_gpu_after_the_fault_time():
+    b, clock = make("gpu-lost", gpus=2)
+    assert not b.read(1).lost
+    clock.t += 25
+    assert b.read(1).lost and not b.read(0).lost
+
+
+def test_xid_79_and_ecc_happen_once_the_fault_starts():
+    b, clock = make("xid-79")
+    assert b.poll_xids(clock.t) == []
+    clock.t += 21
+    assert [(e.index, e.xid) for e in b.poll_xids(clock.t)] == [(0, 79)]
+    assert b.poll_xids(clock.t) == []
+    e, ce = make("ecc")
+    ce.t += 21
+    assert e.read(0).ecc_uncorrected == 2
+
+
+def test_unsupported_fields_are_none_and_setters_refuse():
+    b, _ = make("unsupported-fields")
+    r = b.read(0)
+    assert r.power_w is None and r.sm_clock_mhz is None and r.temperature_c is not None
+    assert b.power_limits(0) is None
+    with pytest.raises(NotSupported):
+        b.set_power_limit_w(0, 50)
+
+
+def test_unknown_backends_and_scenarios_name_the_choices():
+    with pytest.raises(BackendUnavailable, match="available: jetson, nvml, simulated"):
+        load_backend("amd")
+    with pytest.raises(BackendUnavailable, match="steady"):
+        SimulatedBackend(clock=Clock(), scenario="meltdown")
