@@ -53,6 +53,7 @@ bench: $(STAMP) ## every benchmark (long)
 
 gpu-check: $(STAMP) ## on a machine with an NVIDIA GPU: real NVML sampling, power-limit dry run, CUDA probe
 	$(PY) -m tools.gpu_check
+	$(PY) -m pytest -m gpu tests/agent/test_nvml_real.py
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

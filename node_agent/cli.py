@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -22,10 +23,12 @@ from node_agent import __version__, health, power
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
+from node_agent.cuda_probe import CudaProbe
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent
 from node_agent.push import FlappingLinkTransport, Pusher
+from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent")
 
@@ -60,6 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", help="simulated: steady, overheat, gpu-lost, xid-79, ecc, ...")
     p.add_argument("--scenario-after-s", type=float, help="simulated: when the fault starts")
     p.add_argument("--load-pct", type=float, help="simulated: fixed utilisation")
+    p.add_argument("--model", help="simulated: GPU model (Tesla T4, NVIDIA A10, NVIDIA L4)")
+    p.add_argument("--proc-root", help="nvml: host /proc for process → pod mapping")
+    p.add_argument("--dev-root", help="nvml: where /dev/nvidia* device nodes are")
+    p.add_argument("--device-plugin-socket", help="nvml: device plugin socket to check")
+    p.add_argument("--cuda-probe-interval-s", type=float, help="nvml: CUDA probe period (0 = off)")
+    p.add_argument("--sysfs-root", help="jetson: root of the sysfs/procfs tree (default /)")
+    p.add_argument(
+        "--self-test", action="store_true", help="run nvidia-smi, dcgmi diag and the CUDA probe"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
@@ -71,7 +83,8 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         "backend", "node_name", "interval_s", "metrics_port", "metrics_host", "dry_run",
         "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
         "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
-        "seed", "scenario", "scenario_after_s", "load_pct",
+        "seed", "scenario", "scenario_after_s", "load_pct", "model", "proc_root", "dev_root",
+        "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root",
     ):  # fmt: skip
         value = getattr(ns, key)
         if value is not None:
@@ -96,7 +109,18 @@ def _backend(settings: AgentSettings) -> GpuBackend:
             "scenario_after_s": settings.scenario_after_s,
             "clock": time.monotonic,
             "load_pct": settings.load_pct,
+            "model": settings.model,
         }
+    elif settings.backend == "nvml":
+        options = {
+            "proc_root": settings.proc_root,
+            "dev_root": settings.dev_root,
+            "device_plugin_socket": settings.device_plugin_socket,
+            "cuda_probe": CudaProbe() if settings.cuda_probe_interval_s > 0 else None,
+            "probe_interval_s": settings.cuda_probe_interval_s or 60.0,
+        }
+    elif settings.backend == "jetson":
+        options = {"root": settings.sysfs_root}
     return load_backend(settings.backend, **options)
 
 
@@ -191,4 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"gpu-node-agent: backend {settings.backend}: {exc}", file=sys.stderr)
         return 2
+    if ns.self_test:
+        try:
+            verdict = run_self_test(backend.device_count())
+        finally:
+            backend.close()
+        verdict["node"] = settings.node_name
+        print(json.dumps(verdict, indent=2))
+        return 0 if verdict["verdict"] == "pass" else 1
     return asyncio.run(_run(settings, ns, backend))

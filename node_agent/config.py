@@ -50,6 +50,18 @@ class AgentSettings(BaseSettings):
     scenario: str = Field("steady", description="Simulation scenario.")
     scenario_after_s: float = Field(20.0, ge=0, description="When the scenario's fault starts.")
     load_pct: float | None = Field(None, ge=0, le=100, description="Fixed simulated load.")
+    model: str | None = Field(None, description="Simulated GPU model.")
+    # NVML backend.
+    proc_root: Path = Field(Path("/proc"), description="Host /proc (hostPID) for pod mapping.")
+    dev_root: Path = Field(Path("/dev"), description="Where the /dev/nvidia* nodes are.")
+    device_plugin_socket: Path | None = Field(
+        None, description="Device plugin socket to check (pod-level health); unset = not checked."
+    )
+    cuda_probe_interval_s: float = Field(
+        60.0, ge=0, description="Seconds between CUDA context probes; 0 = off."
+    )
+    # Jetson backend.
+    sysfs_root: Path = Field(Path("/"), description="Root of sysfs/procfs for the Jetson backend.")
 
     @field_validator("extender_urls")
     @classmethod
