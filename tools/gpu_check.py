@@ -101,7 +101,8 @@ def main() -> int:
     print("== 4. Agent: --backend nvml --once --print --dry-run")
     env = {**os.environ, "NODE_NAME": os.environ.get("NODE_NAME") or os.uname().nodename}
     proc = subprocess.run(
-        [sys.executable, "-m", "node_agent", "--backend", "nvml", "--once", "--print", "--dry-run", "--cuda-probe-interval-s", "1"],
+        [sys.executable, "-m", "node_agent", "--backend", "nvml", "--once", "--print",
+         "--dry-run", "--cuda-probe-interval-s", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     print(proc.stdout)
