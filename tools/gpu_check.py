@@ -62,8 +62,13 @@ def main() -> int:
             limits = backend.power_limits(i)
             caps = backend.capabilities(i)
             print(f"   gpu {i}: limits {limits and asdict(limits)}")
-            hot = GpuReading(index=i, uuid="", temperature_c=args.max_temp_c + 1, utilization_pct=90.0,
-                             power_limit_w=limits.default_w if limits else None)  # fmt: skip
+            hot = GpuReading(
+                index=i,
+                uuid="",
+                temperature_c=args.max_temp_c + 1,
+                utilization_pct=90.0,
+                power_limit_w=limits.default_w if limits else None,
+            )
             _, thermal = plan(IDLE, hot, limits, caps, False, 0.0, args)
             idle = GpuReading(index=i, uuid="", temperature_c=40.0, utilization_pct=0.0)
             _, saving = plan(
@@ -78,9 +83,8 @@ def main() -> int:
             print(f"   gpu {i}: thermal protection would do {[asdict(a) for a in thermal]}")
             print(f"   gpu {i}: power saving would do {[asdict(a) for a in saving]}")
             after = _settings(backend, i)
-            print(
-                f"   gpu {i}: settings before {before} after {after} -> {'unchanged' if before == after else 'CHANGED'}"
-            )
+            same = "unchanged" if before == after else "CHANGED"
+            print(f"   gpu {i}: settings before {before} after {after} -> {same}")
             ok &= before == after
 
         print("== 3. CUDA context probe")
@@ -91,9 +95,8 @@ def main() -> int:
         for i in range(backend.device_count() if probe.available else 0):
             t0 = time.perf_counter()
             result = probe.probe(i)
-            print(
-                f"   gpu {i}: {'ok' if result.ok else 'FAILED ' + result.detail} in {(time.perf_counter() - t0) * 1000:.1f} ms"
-            )
+            ms = (time.perf_counter() - t0) * 1000
+            print(f"   gpu {i}: {'ok' if result.ok else 'FAILED ' + result.detail} in {ms:.1f} ms")
             ok &= result.ok
     finally:
         backend.close()
