@@ -45,11 +45,16 @@ imports: $(STAMP) ## import-linter: the layer contracts in pyproject.toml
 
 check: test ## alias of test
 
-bench-quick: $(STAMP) ## short benchmarks (a few minutes)
-	$(PY) -m benchmarks.policy_cost --quick
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
 
-bench: $(STAMP) ## every benchmark (long)
-	$(PY) -m benchmarks.policy_cost
+bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
+	$(PY) -m benchmarks.latency --quick
+
+bench: $(BENCH_STAMP) ## every benchmark: 1k/5k/10k nodes, longer runs
+	$(PY) -m benchmarks.latency
 
 gpu-check: $(STAMP) ## on a machine with an NVIDIA GPU: real NVML sampling, power-limit dry run, CUDA probe
 	$(PY) -m tools.gpu_check

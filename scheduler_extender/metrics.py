@@ -107,12 +107,12 @@ class ExtenderMetrics:
         self, verb: str, reasons: npt.NDArray[np.int64], passed: npt.NDArray[np.bool_]
     ) -> None:
         """Add one request's verdicts: one counter update per distinct reason, not per node."""
-        codes, counts = np.unique(np.where(passed, 0, reasons), return_counts=True)
-        for code, count in zip(codes.tolist(), counts.tolist(), strict=True):
+        counts = np.bincount(np.where(passed, 0, reasons), minlength=len(Reason))
+        for code in np.flatnonzero(counts).tolist():
             reason = Reason(code)
             if reason is Reason.OK:
                 result, label = "passed", "ok"
             else:
                 result = "failed" if reason.resolvable else "unresolvable"
                 label = reason.name.lower()
-            self.decisions.labels(verb, result, label).inc(count)
+            self.decisions.labels(verb, result, label).inc(int(counts[code]))

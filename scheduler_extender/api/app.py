@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
@@ -50,9 +52,27 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.ctx = ctx
-    app.include_router(routes_scheduler.build_router(settings.path_prefix))
     app.include_router(routes_telemetry.router)
     app.include_router(routes_debug.router)
+    app.add_middleware(
+        routes_scheduler.SchedulerVerbs,
+        ctx=ctx,
+        prefix=settings.path_prefix,
+    )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            schema["paths"] = {
+                **routes_scheduler.verb_openapi(settings.path_prefix),
+                **schema["paths"],
+            }
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

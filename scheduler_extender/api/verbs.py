@@ -16,7 +16,7 @@ from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
 from scheduler_extender.errors import BindError, RequestError
 from scheduler_extender.k8s import translate, wire
-from scheduler_extender.policy.base import Reason
+from scheduler_extender.policy.base import REASON_JSON, REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
 from scheduler_extender.policy.qos import TERMS
 
@@ -32,24 +32,45 @@ def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
     return demand
 
 
+_ALL_PASSED_TAIL = b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
+
+
 def filter_verb(ctx: AppContext, body: bytes) -> bytes:
     """``POST /filter``: the nodes that can take the pod, and why the others cannot."""
-    args: wire.ExtenderArgs | None = None
     try:
         args = wire.parse_extender_args(body, "filter")
         demand = _demand(ctx, args.pod)
         names = args.candidates()
-        ev = ctx.state.evaluate(names, demand, args.labels())
-        ctx.metrics.count_verdicts("filter", ev.reason, ev.passed)
-        passed_mask = ev.passed.tolist()
-        passed = {n for n, ok in zip(names, passed_mask, strict=True) if ok}
+        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
+        ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
+        if args.raw_names is not None and decision.passed.all():
+            # Names mode and every node fits: answer with the list exactly as it came.
+            return b'{"Nodes":null,"NodeNames":' + args.raw_names + _ALL_PASSED_TAIL
+        failing = np.flatnonzero(~decision.passed)
+        codes = decision.reason[failing]
+        resolvable = REASON_RESOLVABLE[codes]
+        nameset = decision.nameset
+        if args.raw_names is not None and nameset is not None:
+            # Names mode: the answer is written from the request's own bytes, no dicts.
+            return (
+                b'{"Nodes":null,"NodeNames":'
+                + nameset.names_json(decision.passed)
+                + b',"FailedNodes":'
+                + nameset.failures_json(failing[resolvable], REASON_JSON[codes[resolvable]])
+                + b',"FailedAndUnresolvableNodes":'
+                + nameset.failures_json(failing[~resolvable], REASON_JSON[codes[~resolvable]])
+                + b',"Error":""}'
+            )
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if len(passed) < len(names):
-            for i in np.flatnonzero(~ev.passed).tolist():
-                reason = Reason(int(ev.reason[i]))
-                (failed if reason.resolvable else unresolvable)[names[i]] = reason.text
-        return wire.encode_filter_result(args, passed, failed, unresolvable)
+        for name, text, ok in zip(
+            [names[i] for i in failing.tolist()],
+            REASON_TEXT[codes].tolist(),
+            resolvable.tolist(),
+            strict=True,
+        ):
+            (failed if ok else unresolvable)[name] = text
+        return wire.encode_filter_result(args, decision.passed.tolist(), failed, unresolvable)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("filter", "malformed").inc()
         log.info("filter: %s", exc)
@@ -68,8 +89,10 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         args = wire.parse_extender_args(body, "prioritize")
         demand = _demand(ctx, args.pod)
         names = args.candidates()
-        ev = ctx.state.evaluate(names, demand, args.labels())
-        return wire.encode_priorities(names, ev.points.tolist())
+        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
+        if decision.nameset is not None and args.raw_names is not None:
+            return decision.nameset.priorities(decision.points)
+        return wire.encode_priorities(names, decision.points.tolist())
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
         ctx.metrics.request_errors.labels("prioritize", "malformed").inc()

@@ -7,8 +7,10 @@ structures: no per-node model objects. Imports orjson and ``errors`` only.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import orjson
@@ -30,6 +32,17 @@ def _top(body: bytes, what: str) -> JsonDict:
     for key, value in doc.items():
         folded.setdefault(key.lower(), value)
     return folded
+
+
+def _all_strings(value: Any) -> bool:
+    """A list of strings only (checked at C speed: join refuses anything that is not a str)."""
+    if not isinstance(value, list):
+        return False
+    try:
+        "".join(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _pod(doc: JsonDict, what: str) -> JsonDict:
@@ -59,6 +72,8 @@ class ExtenderArgs:
     """Full Node objects, set when it is not."""
     nodes_names: list[str] | None
     """``metadata.name`` of each of ``nodes``."""
+    raw_names: bytes | None = None
+    """The NodeNames array exactly as sent (a cache key: the scheduler repeats lists)."""
 
     def candidates(self) -> list[str]:
         """Every node name to decide on, without duplicates, in request order."""
@@ -80,53 +95,110 @@ class ExtenderArgs:
 
 
 def parse_extender_args(body: bytes, what: str = "filter") -> ExtenderArgs:
-    """Parse ``ExtenderArgs``; raises RequestError with the bad key named."""
+    """Parse ``ExtenderArgs``; raises RequestError with the bad key named.
+
+    kube-scheduler sends the same candidate list again and again. When the NodeNames array
+    (the last field, as Go writes it) is one seen before, only the rest of the body is parsed
+    and the list parsed the first time is reused: the same bytes always parse to the same list.
+    """
+    split = _split_names(body)
+    if split is not None:
+        rest, raw = split
+        known = _SEEN.get(raw)
+        if known is not None:
+            _SEEN.move_to_end(raw)
+            doc = _top(rest, what)
+            return ExtenderArgs(
+                pod=_pod(doc, what), node_names=known, nodes=None, nodes_names=None, raw_names=raw
+            )
     doc = _top(body, what)
     pod = _pod(doc, what)
     names = doc.get("nodenames")
-    if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise RequestError(f"{what}: NodeNames must be a list of strings")
+    if names is not None and not _all_strings(names):
+        raise RequestError(f"{what}: NodeNames must be a list of strings")
     nodes_doc = doc.get("nodes")
     items: list[JsonDict] | None = None
     item_names: list[str] | None = None
     if nodes_doc is not None:
         if not isinstance(nodes_doc, dict):
             raise RequestError(f"{what}: Nodes must be a NodeList object")
-        raw = nodes_doc.get("items")
-        if raw is None:
-            raw = []
-        if not isinstance(raw, list):
+        raw_items = nodes_doc.get("items")
+        if raw_items is None:
+            raw_items = []
+        if not isinstance(raw_items, list):
             raise RequestError(f"{what}: Nodes.items must be a list")
-        item_names = [node_name_of(node, f"{what}: Nodes.items[{i}]") for i, node in enumerate(raw)]
-        items = raw
+        item_names = [
+            node_name_of(node, f"{what}: Nodes.items[{i}]") for i, node in enumerate(raw_items)
+        ]
+        items = raw_items
     if names is None and items is None:
         raise RequestError(f"{what}: neither NodeNames nor Nodes is set")
-    return ExtenderArgs(pod=pod, node_names=names, nodes=items, nodes_names=item_names)
+    raw_names = None
+    if split is not None and names is not None and items is None:
+        raw_names = split[1]
+        _SEEN[raw_names] = names
+        while len(_SEEN) > _SEEN_SIZE:
+            _SEEN.popitem(last=False)
+    return ExtenderArgs(
+        pod=pod, node_names=names, nodes=items, nodes_names=item_names, raw_names=raw_names
+    )
+
+
+# NodeNames arrays seen lately, by their exact bytes, with the list they parsed to.
+_SEEN: OrderedDict[bytes, list[str]] = OrderedDict()
+_SEEN_SIZE = 64
+_NAMES_KEY = b'"NodeNames":'
+
+
+def _split_names(body: bytes) -> tuple[bytes, bytes] | None:
+    """(body with NodeNames set to null, the NodeNames array's bytes), when it can be cut out.
+
+    Only the form Go's encoder writes is cut: ``"NodeNames":[...]`` as the last field of the
+    top-level object. Node names are DNS names (no quotes, brackets or escapes), so the array
+    ends at the first ']' after it. Anything else is parsed the ordinary way.
+    """
+    at = body.rfind(_NAMES_KEY)
+    if at < 0:
+        return None
+    start = at + len(_NAMES_KEY)
+    if body[start : start + 1] != b"[":
+        return None
+    end = body.find(b"]", start)
+    if end < 0 or body[end + 1 :].strip() != b"}":
+        return None
+    return body[:start] + b"null" + body[end + 1 :], body[start : end + 1]
 
 
 def encode_filter_result(
     args: ExtenderArgs | None,
-    passed: set[str] | None,
+    passed: Sequence[bool] | None,
     failed: Mapping[str, str] | None = None,
     unresolvable: Mapping[str, str] | None = None,
     error: str = "",
 ) -> bytes:
-    """``ExtenderFilterResult`` in the form the request used (names, objects, or both)."""
+    """``ExtenderFilterResult`` in the form the request used (names, objects, or both).
+
+    ``passed`` is aligned with ``args.candidates()``; request order is kept, and the node
+    objects go back exactly as they came.
+    """
     node_names: list[str] | None = None
     nodes: JsonDict | None = None
     if args is not None and passed is not None:
+        both = args.node_names is not None and args.nodes is not None
+        keep = set(compress(args.candidates(), passed)) if both else set()
         if args.node_names is not None:
-            node_names = [n for n in args.node_names if n in passed]
+            if both:
+                node_names = [n for n in args.node_names if n in keep]
+            else:
+                node_names = list(compress(args.node_names, passed))
         if args.nodes is not None and args.nodes_names is not None:
-            nodes = {
-                "metadata": {},
-                "items": [
-                    node
-                    for node, name in zip(args.nodes, args.nodes_names, strict=True)
-                    if name in passed
-                ],
-            }
+            if both:
+                items = [
+                    n for n, name in zip(args.nodes, args.nodes_names, strict=True) if name in keep
+                ]
+            else:
+                items = list(compress(args.nodes, passed))
+            nodes = {"metadata": {}, "items": items}
     return orjson.dumps(
         {
             "Nodes": nodes,

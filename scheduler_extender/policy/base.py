@@ -1,6 +1,6 @@
 """Shared pieces of the rules: score range, verdict reasons, durations.
 
-Imports only pydantic and the standard library.
+Imports only numpy, pydantic and the standard library.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import enum
 import re
 from typing import Annotated, Any, Final
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 MAX_SCORE: Final = 10
@@ -70,6 +71,13 @@ _TEXT: Final = {
 _RESOLVABLE: Final = frozenset(
     {Reason.GPU_HOT, Reason.GPU_COOLING_DOWN, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS}
 )
+
+REASON_TEXT: Final = np.array([_TEXT[r] for r in Reason], dtype=object)
+"""Reason text by code, for turning a whole array of codes into messages at once."""
+REASON_JSON: Final = np.array([b'"' + _TEXT[r].encode() + b'"' for r in Reason], dtype=object)
+"""Reason text by code as JSON string bytes (the texts need no escaping)."""
+REASON_RESOLVABLE: Final = np.array([r in _RESOLVABLE for r in Reason], dtype=np.bool_)
+"""Whether each reason code belongs in FailedNodes (True) or FailedAndUnresolvableNodes."""
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_S: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -93,49 +93,56 @@ class Evaluation:
     """Weight of each term; a term with weight 0 does not count."""
 
 
-def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) -> Evaluation:
-    """Filter and score every node of the batch for one pod.
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    """The part of a decision that depends on each node's own GPUs only.
 
-    A node passes when it has at least ``demand.gpu_count`` usable GPU slots: present, not
-    unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
-    the whole GPU idle). Failing nodes get the first reason that applies, in the order of
-    ``Reason``'s checks below. The score of a passing node is the weighted mean of the terms at
-    the GPUs bind would choose (the best-scoring usable ones; ties go to the lowest index).
-    Too few cool GPUs is reported before too few free ones: evicting pods from a hot GPU does
-    not help, so preemption must see "hot" there.
-
-        score = Σ_t w_t · term_t / Σ_t w_t,   points = round(MAX_SCORE · score)
+    It holds until the node's row changes or ``valid_until`` passes, so it can be kept per
+    node and reused across requests; staleness and topology are applied afterwards by
+    ``finish`` because they depend on the time and on other nodes.
     """
-    spec = policy.spec
-    n, g = batch.present.shape
+
+    reason: IntArray
+    """Reason per node, staleness not yet applied."""
+    gpu_sum: FloatArray
+    """Σ weight · term over the GPU terms (not divided by the total weight)."""
+    gpus: IntArray
+    """(N, k) GPU slots bind would choose; -1 where the node does not fit."""
+    terms: FloatArray
+    """(N, len(TERMS) − 1): raw GPU-term values at the chosen GPUs."""
+    valid_until: FloatArray
+    """When a GPU of the node leaves its cool-down (the verdict may change then)."""
+
+
+def demand_weights(demand: PodDemand, policy: Policy) -> tuple[float, ...]:
+    """Term weights for a pod: its class's weights, with topology only for group members."""
     weights = policy.class_weights(demand.qos)
     if demand.group is None:
         weights = (*weights[:_TOPOLOGY], 0.0, *weights[_TOPOLOGY + 1 :])
-    if not demand.wants_gpu:
-        return Evaluation(
-            passed=np.ones(n, dtype=np.bool_),
-            reason=np.zeros(n, dtype=np.int64),
-            score=np.zeros(n),
-            points=np.zeros(n, dtype=np.int64),
-            gpus=np.full((n, 1), -1, dtype=np.int64),
-            terms=np.zeros((n, len(TERMS))),
-            weights=weights,
-        )
+    return weights
 
-    fail_open = spec.stale_telemetry.fail_open.get(demand.qos, False)
-    stale_after = (
-        np.full(n, spec.stale_telemetry.after_s)
-        if spec.stale_telemetry.after_s is not None
-        else spec.stale_telemetry.interval_multiple * batch.interval_s
-    )
-    stale = batch.known & (batch.age_s > stale_after)
 
+def gpu_verdict(batch: NodeBatch, demand: PodDemand, policy: Policy, now: float) -> GpuVerdict:
+    """Filter each node on its GPUs and score the GPUs bind would choose.
+
+    A node fits when it has at least ``demand.gpu_count`` usable GPU slots: present, not
+    unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
+    the whole GPU idle). A failing node gets the first reason that applies, in the order of the
+    checks below. Too few cool GPUs is reported before too few free ones: evicting pods from a
+    hot GPU does not help, so preemption must see "hot" there. The GPUs chosen are the
+    best-scoring usable ones (ties go to the lowest index):
+
+        gpu_sum = Σ_t w_t · term_t  over thermal, power, memoryFit, powerSaving, health
+    """
+    spec = policy.spec
+    g = batch.present.shape[1]
+    weights = demand_weights(demand, policy)
     capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
     free = memory.free_blocks(
         batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
     )
     healthy = batch.present & (batch.health != Health.UNHEALTHY)
-    cool = ctx.now >= batch.excluded_until
+    cool = now >= batch.excluded_until
     hot = np.isposinf(batch.excluded_until)
     need = demand.gpu_count
     if demand.needs_whole_gpu:
@@ -151,24 +158,21 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
     candidate = healthy & fits_ever
-    fitting = candidate & fits_now
-    usable = fitting & cool
-    n_usable = usable.sum(axis=1)
+    usable = candidate & fits_now & cool
+    n_cool = (candidate & cool).sum(axis=1)
     reason = np.select(
         [
             ~batch.known,
-            stale & (not fail_open),
             ~batch.present.any(axis=1),
             ~batch.driver_ok,
             ~healthy.any(axis=1),
             candidate.sum(axis=1) < need,
-            ((candidate & cool).sum(axis=1) < need) & (candidate & hot).any(axis=1),
-            (candidate & cool).sum(axis=1) < need,
-            n_usable < need,
+            (n_cool < need) & (candidate & hot).any(axis=1),
+            n_cool < need,
+            usable.sum(axis=1) < need,
         ],
         [
             Reason.TELEMETRY_MISSING,
-            Reason.TELEMETRY_STALE,
             Reason.NO_GPU,
             Reason.DRIVER_NOT_OK,
             Reason.ALL_UNHEALTHY,
@@ -179,10 +183,9 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
         ],
         default=Reason.OK,
     ).astype(np.int64)
-    passed = (reason == Reason.OK) | (~batch.known & fail_open)
 
     busy = (batch.allocated_blocks > 0) | batch.whole_taken
-    busy |= np.nan_to_num(batch.unaccounted_used_mib, nan=0.0) > spec.memory.idle_used_mib
+    busy |= np.fmax(batch.unaccounted_used_mib, 0.0) > spec.memory.idle_used_mib
     per_gpu = np.stack(
         [
             thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
@@ -203,24 +206,99 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
     else:
         choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, g)]
     chosen = np.take_along_axis(per_gpu, choice[:, :, None], axis=1).mean(axis=1)  # (N, 5)
+    fits = reason == Reason.OK
+    pending = np.where(batch.excluded_until > now, batch.excluded_until, np.inf)
+    return GpuVerdict(
+        reason=reason,
+        gpu_sum=np.where(fits, chosen @ gpu_weights, 0.0),
+        gpus=np.where(fits[:, None], choice, -1),
+        terms=chosen,
+        valid_until=np.where(np.isfinite(pending), pending, np.inf).min(axis=1),
+    )
 
-    if weights[_TOPOLOGY] > 0:
-        topo = topology.score(batch.rack, batch.rdma, ctx.group_racks, ctx.rack_free, spec.topology)
-    else:
-        topo = np.zeros(n)
-    terms = np.concatenate([chosen, topo[:, None]], axis=1)
-    total_weight = sum(weights)
-    raw = terms @ np.asarray(weights) / total_weight if total_weight > 0 else np.zeros(n)
-    scored = passed & batch.known & ~stale
-    score = np.where(scored, raw, 0.0)
+
+def finish(
+    reason: IntArray,
+    gpu_sum: FloatArray,
+    known: BoolArray,
+    stale: BoolArray,
+    topo: FloatArray,
+    demand: PodDemand,
+    policy: Policy,
+) -> tuple[BoolArray, IntArray, FloatArray, IntArray]:
+    """Apply staleness and topology to GPU verdicts: (passed, reason, score, points).
+
+    A stale node fails with TELEMETRY_STALE unless the pod's class fails open; then it keeps
+    its verdict but scores 0, as does a node that never reported (MISSING) and fails open.
+
+        score = (gpu_sum + w_topology · topology) / Σ_t w_t,   points = round(MAX_SCORE · score)
+    """
+    fail_open = policy.spec.stale_telemetry.fail_open.get(demand.qos, False)
+    ok = reason == Reason.OK  # a node that never reported is never OK (MISSING)
+    scored = ok
+    if stale.any():  # ``stale`` implies ``known``
+        if not fail_open:
+            reason = np.where(stale, np.int64(Reason.TELEMETRY_STALE), reason)
+            ok = reason == Reason.OK
+        scored = ok & ~stale
+    passed = ok | ~known if fail_open else ok
+    weights = demand_weights(demand, policy)
+    total = sum(weights)
+    raw = gpu_sum + weights[_TOPOLOGY] * topo if weights[_TOPOLOGY] > 0 else gpu_sum
+    score = np.where(scored, raw * (1.0 / total), 0.0) if total > 0 else np.zeros(raw.shape)
     points = np.clip(np.floor(score * MAX_SCORE + 0.5), 0, MAX_SCORE).astype(np.int64)
-    gpus = np.where((reason == Reason.OK)[:, None], choice, -1)
+    return passed, reason, score, points
+
+
+def is_stale(
+    known: BoolArray, age_s: FloatArray, interval_s: FloatArray, policy: Policy
+) -> BoolArray:
+    """Nodes whose last report is older than ``staleTelemetry.after`` (or 3 × their interval)."""
+    args = policy.spec.stale_telemetry
+    after = args.after_s if args.after_s is not None else args.interval_multiple * interval_s
+    with np.errstate(invalid="ignore"):
+        stale: BoolArray = known & (age_s > after)
+    return stale
+
+
+def topology_term(
+    rack: IntArray, rdma: BoolArray, demand: PodDemand, policy: Policy, ctx: Context
+) -> FloatArray:
+    """The topology term of every node (zeros for a pod without a group)."""
+    if demand_weights(demand, policy)[_TOPOLOGY] <= 0:
+        return np.zeros(rack.shape[0])
+    return topology.score(rack, rdma, ctx.group_racks, ctx.rack_free, policy.spec.topology)
+
+
+def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) -> Evaluation:
+    """Filter and score every node of the batch for one pod: ``gpu_verdict`` then ``finish``.
+
+    A pod that asks for no GPU passes everywhere with score 0.
+    """
+    n = batch.size
+    weights = demand_weights(demand, policy)
+    if not demand.wants_gpu:
+        return Evaluation(
+            passed=np.ones(n, dtype=np.bool_),
+            reason=np.zeros(n, dtype=np.int64),
+            score=np.zeros(n),
+            points=np.zeros(n, dtype=np.int64),
+            gpus=np.full((n, 1), -1, dtype=np.int64),
+            terms=np.zeros((n, len(TERMS))),
+            weights=weights,
+        )
+    verdict = gpu_verdict(batch, demand, policy, ctx.now)
+    topo = topology_term(batch.rack, batch.rdma, demand, policy, ctx)
+    stale = is_stale(batch.known, batch.age_s, batch.interval_s, policy)
+    passed, reason, score, points = finish(
+        verdict.reason, verdict.gpu_sum, batch.known, stale, topo, demand, policy
+    )
     return Evaluation(
         passed=passed,
         reason=reason,
         score=score,
         points=points,
-        gpus=gpus,
-        terms=terms,
+        gpus=np.where((reason == Reason.OK)[:, None], verdict.gpus, -1),
+        terms=np.concatenate([verdict.terms, topo[:, None]], axis=1),
         weights=weights,
     )

@@ -40,7 +40,7 @@ class MemoryArgs(ArgsModel):
 
 def capacity_blocks(memory_total_mib: FloatArray, args: MemoryArgs) -> IntArray:
     """Blocks a GPU has in all: floor(total / blockMiB); unknown total → 0."""
-    total = np.nan_to_num(memory_total_mib, nan=0.0)
+    total = np.fmax(memory_total_mib, 0.0)
     return np.floor_divide(total, args.block_mib).astype(np.int64)
 
 
@@ -56,7 +56,7 @@ def free_blocks(
     *allocated* are blocks given at bind (whether or not telemetry shows them yet) and
     *unaccounted used* is memory in use by anything that is not an assigned pod.
     """
-    used = np.ceil(np.nan_to_num(unaccounted_used_mib, nan=0.0) / args.block_mib)
+    used = np.ceil(np.fmax(unaccounted_used_mib, 0.0) / args.block_mib)
     free = capacity_blocks(memory_total_mib, args) - allocated_blocks - used.astype(np.int64)
     out: IntArray = np.maximum(free, 0)
     return out
@@ -69,7 +69,7 @@ def is_idle(
     args: MemoryArgs,
 ) -> BoolArray:
     """A GPU is free as a whole when nothing is assigned to it and nothing else uses memory."""
-    used = np.nan_to_num(unaccounted_used_mib, nan=0.0)
+    used = np.fmax(unaccounted_used_mib, 0.0)
     idle: BoolArray = (allocated_blocks == 0) & ~whole_taken & (used <= args.idle_used_mib)
     return idle
 
@@ -84,5 +84,5 @@ def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: boo
         return np.ones(free.shape, dtype=np.float64)
     with np.errstate(all="ignore"):
         left = np.clip((free - request_blocks) / capacity, 0.0, 1.0)
-    left = np.nan_to_num(left, nan=0.0)
+    left = np.fmax(left, 0.0)  # NaN (unknown capacity) → 0
     return 1.0 - left if pack else left

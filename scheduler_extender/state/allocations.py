@@ -29,6 +29,7 @@ class Allocations:
     def __init__(self) -> None:
         self._by_pod: dict[str, _Entry] = {}
         self._by_node: dict[str, set[str]] = defaultdict(set)
+        self._by_group: dict[str, set[str]] = defaultdict(set)
         self._expiry: list[tuple[float, str]] = []
 
     def __len__(self) -> int:
@@ -45,7 +46,7 @@ class Allocations:
 
     def nodes_of_group(self, group: str) -> set[str]:
         """Nodes where pods of a job group hold GPUs."""
-        return {e.assignment.node for e in self._by_pod.values() if e.assignment.group == group}
+        return {self._by_pod[uid].assignment.node for uid in self._by_group.get(group, ())}
 
     def expires_at(self, pod_uid: str) -> float | None:
         """When an assumed assignment lapses (None: authoritative or absent)."""
@@ -57,6 +58,8 @@ class Allocations:
         moved = self.remove(assignment.pod_uid)
         self._by_pod[assignment.pod_uid] = _Entry(assignment, expires_at)
         self._by_node[assignment.node].add(assignment.pod_uid)
+        if assignment.group is not None:
+            self._by_group[assignment.group].add(assignment.pod_uid)
         if expires_at is not None:
             heapq.heappush(self._expiry, (expires_at, assignment.pod_uid))
         return moved if moved != assignment.node else None
@@ -67,11 +70,14 @@ class Allocations:
         if entry is None:
             return None
         node = entry.assignment.node
-        uids = self._by_node.get(node)
-        if uids is not None:
-            uids.discard(pod_uid)
-            if not uids:
-                del self._by_node[node]
+        for index, key in ((self._by_node, node), (self._by_group, entry.assignment.group)):
+            if key is None:
+                continue
+            uids = index.get(key)
+            if uids is not None:
+                uids.discard(pod_uid)
+                if not uids:
+                    del index[key]
         return node
 
     def renew(self, pod_uid: str, expires_at: float) -> None:

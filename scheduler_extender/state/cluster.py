@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -17,15 +18,35 @@ import numpy.typing as npt
 from scheduler_extender.domain import Assignment, Health, PodDemand, QosClass
 from scheduler_extender.names import RDMA_LABEL
 from scheduler_extender.policy import memory
-from scheduler_extender.policy.combine import Context, Evaluation, NodeBatch, evaluate
+from scheduler_extender.policy.combine import (
+    Context,
+    Evaluation,
+    NodeBatch,
+    evaluate,
+    finish,
+    is_stale,
+    topology_term,
+)
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.state.allocations import Allocations
-from scheduler_extender.state.table import NodeTable
+from scheduler_extender.state.decisions import NameSet, NameSets, VerdictCache
+from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.schema import TelemetryReport
 from scheduler_extender.telemetry.store import PutResult, TelemetryStore
 
 DEMAND_CACHE_SIZE = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Filter and prioritize answers for one request, aligned with ``names``."""
+
+    names: list[str]
+    passed: npt.NDArray[np.bool_]
+    reason: npt.NDArray[np.int64]
+    points: npt.NDArray[np.int64]
+    nameset: NameSet | None = None
 
 
 class ClusterState:
@@ -39,11 +60,14 @@ class ClusterState:
         self.allocations = Allocations()
         self._node_labels: dict[str, Mapping[str, str]] = {}
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
+        self._verdicts = VerdictCache()
+        self._namesets = NameSets()
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
         """Put a new policy in force; rows are rewritten (rack label or thresholds may differ)."""
         self.policy = policy
+        self._verdicts.clear()
         for node in self.store.nodes():
             self._write_node(node)
 
@@ -113,15 +137,58 @@ class ClusterState:
         rows = self.table.rows(names)
         batch = self.table.gather(rows, self.clock.monotonic(), self.policy.spec.thermal_throttling)
         if labels is not None:
-            rack = batch.rack.copy()
-            rdma = batch.rdma.copy()
-            for i, node_labels in enumerate(labels):
-                if node_labels:
-                    name, flag = self._rack_and_rdma(node_labels)
-                    rack[i] = self.table.rack_id(name)
-                    rdma[i] = flag
+            rack, rdma = self._override_racks(batch.rack, batch.rdma, labels)
             batch = dataclasses.replace(batch, rack=rack, rdma=rdma)
         return batch
+
+    def _override_racks(
+        self,
+        rack: npt.NDArray[np.int64],
+        rdma: npt.NDArray[np.bool_],
+        labels: Sequence[Mapping[str, str] | None],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        rack, rdma = rack.copy(), rdma.copy()
+        for i, node_labels in enumerate(labels):
+            if node_labels:
+                name, flag = self._rack_and_rdma(node_labels)
+                rack[i] = self.table.rack_id(name)
+                rdma[i] = flag
+        return rack, rdma
+
+    def decide(
+        self,
+        names: list[str],
+        demand: PodDemand,
+        labels: Sequence[Mapping[str, str] | None] | None = None,
+        raw_names: bytes | None = None,
+    ) -> Decision:
+        """The filter/prioritize verdicts for a request, from cached per-node GPU verdicts.
+
+        Gives the same answers as ``evaluate`` (the tests hold them to it); it only skips the
+        work for rows that have not changed since the last request of the same shape.
+        """
+        self.expire()
+        n = len(names)
+        if not demand.wants_gpu:
+            zeros = np.zeros(n, dtype=np.int64)
+            return Decision(names, np.ones(n, dtype=np.bool_), zeros, zeros)
+        now = self.clock.monotonic()
+        nameset = self._namesets.get(raw_names, names, self.table)
+        rows = nameset.rows
+        policy = self.policy
+        reason, gpu_sum = self._verdicts.lookup(self.table, rows, demand, policy, now)
+        col = self.table.column
+        known = col("known")[rows]
+        stale = is_stale(known, now - col("received_at")[rows], col("interval_s")[rows], policy)
+        if demand.group is not None:
+            rack, rdma = col("rack")[rows], col("rdma")[rows]
+            if labels is not None:
+                rack, rdma = self._override_racks(rack, rdma, labels)
+            topo = topology_term(rack, rdma, demand, policy, self.context(demand))
+        else:
+            topo = np.zeros(n)
+        passed, reason, _, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
+        return Decision(names, passed, reason, points, nameset)
 
     def context(self, demand: PodDemand) -> Context:
         """The time, plus where the pod's group runs and how much room each rack has."""
@@ -183,23 +250,23 @@ class ClusterState:
         report = record.report
         health = report.node_health
         rack, rdma = self._rack_and_rdma(self._labels_of(node))
-        gpus = []
-        for gpu in report.gpus:
-            state = record.thermal.get(gpu.uuid)
-            gpus.append(
-                {
-                    "index": gpu.index,
-                    "temperature_c": _num(gpu.temperature_c),
-                    "power_w": _num(gpu.power_w),
-                    "power_limit_w": _num(gpu.power_limit_w),
-                    "utilization_pct": _num(gpu.utilization_pct),
-                    "memory_total_mib": _num(gpu.memory_total_mib),
-                    "unaccounted_used_mib": _num(gpu.memory_used_mib),
-                    "below_since": _num(state.below_since if state else None),
-                    "hot": bool(state and state.hot_since is not None),
-                    "health": int(Health.from_wire(gpu.health)),
-                }
+        gpus = report.gpus
+        nan = float("nan")
+        rows: list[list[float]] = []
+        hot: list[bool] = []
+        for g in gpus:
+            state = record.thermal.get(g.uuid)
+            values = (
+                g.temperature_c,
+                g.power_w,
+                g.power_limit_w,
+                g.utilization_pct,
+                g.memory_total_mib,
+                g.memory_used_mib,  # unaccounted until assigned pods are subtracted
+                state.below_since if state is not None else None,
             )
+            rows.append([nan if v is None else v for v in values])
+            hot.append(state is not None and state.hot_since is not None)
         self.table.write_node(
             node,
             received_at=record.received_at,
@@ -207,7 +274,10 @@ class ClusterState:
             driver_ok=health.driver_ok is not False and health.device_nodes_ok is not False,
             rack=rack,
             rdma=rdma,
-            gpus=gpus,
+            index=np.array([g.index for g in gpus], dtype=np.int64),
+            floats=np.array(rows, dtype=np.float64).reshape(len(gpus), len(GPU_FLOAT_COLUMNS)),
+            hot=np.array(hot, dtype=np.bool_),
+            health=np.array([_HEALTH[g.health] for g in gpus], dtype=np.int8),
         )
         self._write_allocations(node)
 
@@ -227,28 +297,39 @@ class ClusterState:
         if record is None and not blocks and not whole and node not in self.table:
             return
         self.table.write_allocations(node, blocks, whole, unaccounted)
+        self._write_room(node)
+
+    def _write_room(self, node: str) -> None:
+        """Keep the node's total free blocks and idle GPUs, the inputs of a rack's room."""
+        row = self.table.row(node)
+        if row is None:
+            return
+        col = self.table.column
+        args = self.policy.spec.memory
+        usable = col("present")[row] & (col("health")[row] != Health.UNHEALTHY)
+        free = memory.free_blocks(
+            col("memory_total_mib")[row], col("unaccounted_used_mib")[row],
+            col("allocated_blocks")[row], args,
+        )  # fmt: skip
+        idle = memory.is_idle(
+            col("unaccounted_used_mib")[row],
+            col("allocated_blocks")[row],
+            col("whole_taken")[row],
+            args,
+        )
+        self.table.set_room(node, float(free[usable].sum()), float((idle & usable).sum()))
 
     def _rack_free(self, demand: PodDemand) -> npt.NDArray[np.float64]:
-        rows = self.table.all_rows()
-        if rows.size == 0 or self.table.rack_count == 0:
+        """Free room per rack id for the pod's kind of request (blocks or whole GPUs)."""
+        if self.table.rack_count == 0:
             return np.zeros(0)
-        batch = self.table.gather(rows, self.clock.monotonic(), self.policy.spec.thermal_throttling)
-        args = self.policy.spec.memory
-        usable = batch.present & (batch.health != Health.UNHEALTHY)
-        if demand.needs_whole_gpu:
-            room = memory.is_idle(
-                batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, args
-            ).astype(np.float64)
-        else:
-            room = memory.free_blocks(
-                batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, args
-            ).astype(np.float64)
-        per_node = np.where(usable, room, 0.0).sum(axis=1)
-        known = batch.rack >= 0
+        col = self.table.column
+        rack = col("rack")
+        room = col("idle_gpus") if demand.needs_whole_gpu else col("free_blocks")
+        known = (rack >= 0) & col("known")
         return np.bincount(
-            batch.rack[known], weights=per_node[known], minlength=self.table.rack_count
+            rack[known], weights=np.nan_to_num(room[known]), minlength=self.table.rack_count
         ).astype(np.float64)
 
 
-def _num(value: float | None) -> float:
-    return float("nan") if value is None else float(value)
+_HEALTH = {h.name.lower(): int(h) for h in Health}

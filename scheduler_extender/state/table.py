@@ -8,6 +8,7 @@ stands in for nodes nobody has heard of. Imports numpy and ``policy.combine`` (f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy.typing as npt
 from scheduler_extender.policy import thermal
 from scheduler_extender.policy.combine import NodeBatch
 
-_NODE_FLOAT = ("received_at", "interval_s")
+_NODE_FLOAT = ("received_at", "interval_s", "free_blocks", "idle_gpus")
 _NODE_BOOL = ("known", "driver_ok", "rdma")
 _GPU_FLOAT = (
     "temperature_c",
@@ -27,6 +28,8 @@ _GPU_FLOAT = (
     "unaccounted_used_mib",
     "below_since",
 )
+GPU_FLOAT_COLUMNS = _GPU_FLOAT
+"""The per-GPU float columns, in the order ``write_node`` takes them."""
 _GPU_BOOL = ("present", "hot", "whole_taken")
 
 
@@ -35,6 +38,9 @@ class NodeTable:
 
     def __init__(self, rows: int = 64, gpus: int = 8) -> None:
         self._index: dict[str, int] = {}
+        self.index_version = 0
+        """Bumped whenever a name gains or loses a row (caches of name → row check it)."""
+        self._writes = 0
         self._names: list[str | None] = [None]
         self._free_rows: list[int] = []
         self._racks: dict[str, int] = {}
@@ -51,6 +57,8 @@ class NodeTable:
             return np.zeros(rows, dtype=np.bool_)
         if name == "rack":
             return np.full(rows, -1, dtype=np.int64)
+        if name == "version":
+            return np.zeros(rows, dtype=np.int64)
         if name in _GPU_FLOAT:
             return np.full((rows, gpus), np.nan)
         if name in _GPU_BOOL:
@@ -66,6 +74,7 @@ class NodeTable:
             *_NODE_FLOAT,
             *_NODE_BOOL,
             "rack",
+            "version",
             *_GPU_FLOAT,
             *_GPU_BOOL,
             "health",
@@ -99,7 +108,13 @@ class NodeTable:
             if row >= self._rows:
                 self._alloc(self._rows * 2, self._gpus)
         self._index[node] = row
+        self.index_version += 1
         return row
+
+    def _touch(self, row: int) -> None:
+        # Every write gives the row a new version, so cached verdicts of that row lapse.
+        self._writes += 1
+        self._cols["version"][row] = self._writes
 
     def _ensure_gpus(self, count: int) -> None:
         if count > self._gpus:
@@ -131,6 +146,11 @@ class NodeTable:
         return [n for n in self._names[1:] if n is not None]
 
     @property
+    def capacity(self) -> int:
+        """Rows allocated (the length of every column)."""
+        return self._rows
+
+    @property
     def gpu_slots(self) -> int:
         """Width of the per-GPU columns."""
         return self._gpus
@@ -145,11 +165,19 @@ class NodeTable:
         driver_ok: bool,
         rack: str | None,
         rdma: bool,
-        gpus: Sequence[dict[str, float | int | bool]],
+        index: npt.NDArray[np.int64],
+        floats: npt.NDArray[np.float64],
+        hot: npt.NDArray[np.bool_],
+        health: npt.NDArray[np.int8],
     ) -> None:
-        """Replace the telemetry part of a node's row. ``gpus`` maps slot values by GPU index."""
-        self._ensure_gpus(max((int(g["index"]) for g in gpus), default=-1) + 1)
+        """Replace the telemetry part of a node's row.
+
+        ``index`` holds the GPU index of each reported GPU; ``floats`` has one row per GPU and
+        one column per ``GPU_FLOAT_COLUMNS`` entry (NaN = unknown).
+        """
+        self._ensure_gpus(int(index.max()) + 1 if index.size else 0)
         row = self._row_for(node)
+        self._touch(row)
         c = self._cols
         c["known"][row] = True
         c["received_at"][row] = received_at
@@ -157,13 +185,23 @@ class NodeTable:
         c["driver_ok"][row] = driver_ok
         c["rack"][row] = self.rack_id(rack)
         c["rdma"][row] = rdma
-        for name in (*_GPU_FLOAT, "present", "hot", "health"):
-            c[name][row] = self._blank(name, 1, self._gpus)[0]
-        for gpu in gpus:
-            i = int(gpu["index"])
-            c["present"][row, i] = True
-            for name in (*_GPU_FLOAT, "hot", "health"):
-                c[name][row, i] = gpu[name]
+        for k, name in enumerate(GPU_FLOAT_COLUMNS):
+            col = c[name]
+            col[row] = np.nan
+            col[row, index] = floats[:, k]
+        c["present"][row] = False
+        c["present"][row, index] = True
+        c["hot"][row] = False
+        c["hot"][row, index] = hot
+        c["health"][row] = 0
+        c["health"][row, index] = health
+
+    def set_room(self, node: str, free_blocks: float, idle_gpus: float) -> None:
+        """A node's free capacity in all (for choosing a rack for a new job group)."""
+        row = self._index.get(node)
+        if row is not None:
+            self._cols["free_blocks"][row] = free_blocks
+            self._cols["idle_gpus"][row] = idle_gpus
 
     def write_allocations(
         self, node: str, blocks: dict[int, int], whole: set[int], unaccounted: dict[int, float]
@@ -172,6 +210,7 @@ class NodeTable:
         if blocks or whole:
             self._ensure_gpus(max([*blocks, *whole]) + 1)
         row = self._row_for(node)
+        self._touch(row)
         c = self._cols
         c["allocated_blocks"][row] = 0
         c["whole_taken"][row] = False
@@ -186,6 +225,7 @@ class NodeTable:
     def set_labels(self, node: str, rack: str | None, rdma: bool) -> None:
         """Set a node's rack and RDMA flag (from a Node object or the agent's labels)."""
         row = self._row_for(node)
+        self._touch(row)
         self._cols["rack"][row] = self.rack_id(rack)
         self._cols["rdma"][row] = rdma
 
@@ -198,12 +238,13 @@ class NodeTable:
             self._cols[name][row] = self._blank(name, 1, self._gpus)[0]
         self._names[row] = None
         self._free_rows.append(row)
+        self._touch(row)
+        self.index_version += 1
 
     # -- reads ------------------------------------------------------------------------------
     def rows(self, names: Sequence[str]) -> npt.NDArray[np.int64]:
         """Row of each name; 0 (the blank row) for unknown names."""
-        get = self._index.get
-        return np.fromiter((get(n, 0) for n in names), dtype=np.int64, count=len(names))
+        return np.array(list(map(self._index.get, names, repeat(0))), dtype=np.int64)
 
     def all_rows(self) -> npt.NDArray[np.int64]:
         """Rows of every node."""

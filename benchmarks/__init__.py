@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``): ratios against floors measured in the same run."""

@@ -1,0 +1,437 @@
+"""Decision latency, cycles/s, ingest rate and memory against a floor measured in the same run.
+
+``python -m benchmarks.latency [--quick]`` (``make bench-quick`` / ``make bench``):
+
+* starts the real extender, the floor (``benchmarks.floor``) and the naive baseline
+  (``benchmarks.naive``) as separate uvicorn processes with the same settings;
+* loads N nodes × 8 GPUs of telemetry into each (N = 1,000 / 5,000 / 10,000);
+* drives them from this process as kube-scheduler does — filter, then prioritize, one pod at a
+  time over a keep-alive connection — in names mode and with full Node objects, interleaved
+  A B A B in blocks so that machine drift cancels;
+* measures telemetry ingest from concurrent pusher processes, decision latency while 5,000
+  nodes push once a second, the extender's RSS at 10,000 × 8 GPUs, and the agent's RSS/CPU;
+* prints a table and writes ``benchmarks/results/latest.json`` (and a PNG when matplotlib is
+  installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks import workload
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SERVERS = {
+    "ours": ["-m", "scheduler_extender", "--log-level", "warning"],
+    "floor": ["-m", "benchmarks.floor"],
+    "naive": ["-m", "benchmarks.naive"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, *SERVERS[kind], "--port", str(self.port)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+                c.request("GET", "/healthz")
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(
+            f"{kind} did not start: {self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ''}"
+        )
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Client:
+    """One keep-alive connection, as kube-scheduler's HTTP client keeps one per extender."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def post(self, path: str, body: bytes) -> tuple[float, bytes]:
+        t0 = time.perf_counter()
+        self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        elapsed = time.perf_counter() - t0
+        if resp.status != 200:
+            raise RuntimeError(f"{path}: HTTP {resp.status}: {data[:300]!r}")
+        return elapsed, data
+
+
+def load(port: int, nodes: int, gpus: int = 8) -> None:
+    c = Client(port)
+    for i in range(nodes):
+        c.post("/v1/telemetry", orjson.dumps(workload.report(i, seq=1, gpus=gpus)))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000.0
+
+
+def drive(servers: dict[str, Server], nodes: int, mode: str, blocks: int, cycles: int,
+          full: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Filter then prioritize per pod, interleaved in blocks (A B, then B A, ...)."""
+    bodies = [
+        workload.filter_body(k, nodes, full if mode == "nodes" else None) for k in range(cycles)
+    ]
+    clients = {name: Client(s.port) for name, s in servers.items()}
+    times: dict[str, dict[str, list[float]]] = {
+        n: {"filter": [], "prioritize": [], "cycle": []} for n in servers
+    }
+    cpu: dict[str, float] = dict.fromkeys(servers, 0.0)
+    order = list(servers)
+    for name in order:  # warm-up: caches, connections, allocators
+        for body in bodies[:3]:
+            clients[name].post("/filter", body)
+            clients[name].post("/prioritize", body)
+    for b in range(blocks):
+        for name in order if b % 2 == 0 else reversed(order):
+            c0 = time.process_time()
+            for body in bodies:
+                f, _ = clients[name].post("/filter", body)
+                p, _ = clients[name].post("/prioritize", body)
+                times[name]["filter"].append(f)
+                times[name]["prioritize"].append(p)
+                times[name]["cycle"].append(f + p)
+            cpu[name] += time.process_time() - c0
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in times.items():
+        n = len(t["cycle"])
+        out[name] = {
+            "filter_p50_ms": pct(t["filter"], 0.5), "filter_p99_ms": pct(t["filter"], 0.99),
+            "filter_max_ms": max(t["filter"]) * 1000,
+            "prioritize_p50_ms": pct(t["prioritize"], 0.5), "prioritize_p99_ms": pct(t["prioritize"], 0.99),
+            "prioritize_max_ms": max(t["prioritize"]) * 1000,
+            "cycles_per_s": n / sum(t["cycle"]),
+            "client_cpu_ms_per_request": cpu[name] / (2 * n) * 1000,
+            "requests": 2 * n,
+        }  # fmt: skip
+    return out
+
+
+# -- ingest -------------------------------------------------------------------------------------
+def _pusher(port: int, nodes: range, rate: float, seconds: float, conns: int, queue: Any) -> None:
+    """One pusher process: `conns` keep-alive connections, raw HTTP, latest seq per node."""
+    templates = []
+    for i in nodes:
+        body = orjson.dumps(workload.report(i, seq=999_999_999))
+        head, tail = body.split(b"999999999")
+        templates.append((head, tail))
+
+    async def run() -> int:
+        done = 0
+        seq = 2
+        start = time.perf_counter()
+        stop_at = start + seconds
+        interval = conns / rate if rate > 0 else 0.0
+
+        async def worker(w: int) -> None:
+            nonlocal done, seq
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            k = w
+            next_at = time.perf_counter()
+            while time.perf_counter() < stop_at:
+                head, tail = templates[k % len(templates)]
+                k += conns
+                seq += 1
+                body = head + str(seq).encode() + tail
+                writer.write(b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+                await writer.drain()
+                length = 0
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                done += 1
+                if interval:
+                    next_at += interval
+                    delay = next_at - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+            writer.close()
+
+        await asyncio.gather(*(worker(w) for w in range(conns)))
+        return done
+
+    queue.put(asyncio.run(run()))
+
+
+def ingest(
+    port: int, nodes: int, seconds: float, rate: float, procs: int = 2, conns: int = 8
+) -> tuple[float, list[mp.Process], Any]:
+    """Start pushers; returns (start time, processes, queue of per-process counts)."""
+    queue: Any = mp.Queue()
+    share = nodes // procs
+    ps = [
+        mp.Process(target=_pusher, args=(port, range(p * share, (p + 1) * share), rate / procs, seconds, conns, queue))
+        for p in range(procs)
+    ]  # fmt: skip
+    for p in ps:
+        p.start()
+    return time.perf_counter(), ps, queue
+
+
+def ingest_rate(port: int, nodes: int, seconds: float) -> float:
+    t0, ps, queue = ingest(port, nodes, seconds, rate=0.0)
+    counts = [queue.get(timeout=seconds + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    return sum(counts) / (time.perf_counter() - t0 - 0.0) if counts else 0.0
+
+
+# -- agent --------------------------------------------------------------------------------------
+def agent_cost(port: int, seconds: float) -> dict[str, float]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node_agent", "--backend", "simulated", "--gpus", "8", "--node-name", "bench-agent",
+         "--interval-s", "1", "--metrics-port", "0", "--extender-url", f"http://127.0.0.1:{port}", "--log-level", "warning"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(5.0)  # imports and first rounds
+
+        def cpu_s() -> float:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        c0, t0 = cpu_s(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = cpu_s(), time.monotonic()
+        rss = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))  # fmt: skip
+        return {"agent_rss_mib": round(rss, 1), "agent_cpu_pct": round((c1 - c0) / (t1 - t0) * 100, 3),
+                "agent_cpu_ms_per_sample": round((c1 - c0) / (t1 - t0) * 1000, 2)}  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {
+        "python": platform.python_version(),
+        "cores": str(os.cpu_count()),
+        "machine": platform.machine(),
+    }
+    for pkg in (
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "orjson",
+        "numpy",
+        "pydantic",
+    ):
+        try:
+            out[pkg] = version(pkg)
+        except Exception:
+            out[pkg] = "absent"
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, mode in zip(axes, ("names", "nodes"), strict=True):
+        sizes = sorted(int(n) for n in result["latency"] if mode in result["latency"][n])
+        for key, label in (("filter_p99_ms", "ours filter p99"), ("prioritize_p99_ms", "ours prioritize p99"),
+                           ("floor_p99_ms", "floor p99"), ("naive_filter_p99_ms", "naive filter p99")):  # fmt: skip
+            ys = [result["latency"][str(n)][mode].get(key) for n in sizes]
+            if any(y is not None for y in ys):
+                ax.plot(sizes, ys, marker="o", label=label)
+        ax.set_title(
+            f"{mode} mode ({'nodeCacheCapable' if mode == 'names' else 'full Node objects'})"
+        )
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("ms")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="1k and 5k nodes, fewer cycles (< 5 min)")
+    p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    args = p.parse_args()
+    sizes = (1000, 5000) if args.quick else (1000, 5000, 10000)
+    blocks, cycles = (4, 25) if args.quick else (6, 40)
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "machine": versions(),
+        "quick": args.quick,
+        "latency": {},
+        "cycles_per_s": {},
+    }
+    full_nodes = [workload.node_object(i) for i in range(max(sizes))]
+    node_bytes = len(orjson.dumps(full_nodes[0]))
+    print(
+        f"Node object: {node_bytes} bytes as JSON; {len(sizes)} sizes; {blocks} blocks × {cycles} cycles per server"
+    )
+    for n in sizes:
+        servers = {kind: Server(kind) for kind in ("ours", "floor", "naive")}
+        try:
+            for s in servers.values():
+                load(s.port, n)
+            result["latency"][str(n)] = {}
+            for mode in ("names", "nodes"):
+                m_blocks, m_cycles = (
+                    (blocks, cycles)
+                    if mode == "names"
+                    else (2, max(4, cycles // (4 if n <= 1000 else 8)))
+                )
+                picked = {k: servers[k] for k in ("ours", "floor", "naive")}
+                r = drive(picked, n, mode, m_blocks, m_cycles, full_nodes)
+                o, f, nv = r["ours"], r["floor"], r["naive"]
+                row = {
+                    **{k: round(v, 3) for k, v in o.items() if k.endswith("_ms")},
+                    "floor_p50_ms": round(f["filter_p50_ms"], 3), "floor_p99_ms": round(f["filter_p99_ms"], 3),
+                    "floor_prioritize_p50_ms": round(f["prioritize_p50_ms"], 3),
+                    "floor_prioritize_p99_ms": round(f["prioritize_p99_ms"], 3),
+                    "ratio_p50": round(o["filter_p50_ms"] / f["filter_p50_ms"], 2),
+                    "ratio_p99": round(o["filter_p99_ms"] / f["filter_p99_ms"], 2),
+                    "prioritize_ratio_p50": round(o["prioritize_p50_ms"] / f["prioritize_p50_ms"], 2),
+                    "prioritize_ratio_p99": round(o["prioritize_p99_ms"] / f["prioritize_p99_ms"], 2),
+                    "naive_filter_p99_ms": round(nv["filter_p99_ms"], 3),
+                    "naive_ratio_p99": round(nv["filter_p99_ms"] / f["filter_p99_ms"], 2),
+                    "cycles_per_s": round(o["cycles_per_s"], 1), "floor_cycles_per_s": round(f["cycles_per_s"], 1),
+                    "naive_cycles_per_s": round(nv["cycles_per_s"], 1),
+                    "client_cpu_ms_per_request": round(o["client_cpu_ms_per_request"], 3),
+                    "client_ceiling_requests_per_s": round(1000 / max(o["client_cpu_ms_per_request"], 1e-6)),
+                    "requests": o["requests"],
+                }  # fmt: skip
+                result["latency"][str(n)][mode] = row
+                if mode == "names":
+                    result["cycles_per_s"][str(n)] = {
+                        "ours": row["cycles_per_s"], "floor": row["floor_cycles_per_s"],
+                        "ratio": round(row["cycles_per_s"] / row["floor_cycles_per_s"], 2),
+                        "naive": row["naive_cycles_per_s"],
+                    }  # fmt: skip
+                print(f"{n:>6} {mode:<5} filter p50/p99 {row['filter_p50_ms']:.3f}/{row['filter_p99_ms']:.3f} ms "
+                      f"(floor {row['floor_p50_ms']:.3f}/{row['floor_p99_ms']:.3f}, ×{row['ratio_p50']}/×{row['ratio_p99']}) "
+                      f"prioritize p99 {row['prioritize_p99_ms']:.3f} (floor {row['floor_prioritize_p99_ms']:.3f}, "
+                      f"×{row['prioritize_ratio_p99']}) cycles/s {row['cycles_per_s']} vs {row['floor_cycles_per_s']} "
+                      f"naive p99 {row['naive_filter_p99_ms']:.1f} ms (×{row['naive_ratio_p99']})", flush=True)  # fmt: skip
+        finally:
+            for s in servers.values():
+                s.stop()
+
+    # Ingest: maximum rate, and decisions while 5,000 nodes push once a second.
+    seconds = 8.0 if args.quick else 15.0
+    ours, floor = Server("ours"), Server("floor")
+    try:
+        for s in (ours, floor):
+            load(s.port, 5000)
+        rates = {}
+        for name, s in (("ours", ours), ("floor", floor), ("ours_2", ours), ("floor_2", floor)):
+            rates[name] = ingest_rate(s.port, 5000, seconds)
+        ours_rate = (rates["ours"] + rates["ours_2"]) / 2
+        floor_rate = (rates["floor"] + rates["floor_2"]) / 2
+        idle = drive({"ours": ours}, 5000, "names", 2, cycles, None)["ours"]
+        t0, ps, queue = ingest(ours.port, 5000, seconds + 5, rate=5000.0)
+        time.sleep(1.0)
+        busy = drive({"ours": ours}, 5000, "names", 2, cycles, None)["ours"]
+        pushed = sum(queue.get(timeout=seconds + 60) for _ in ps)
+        for p in ps:
+            p.join()
+        achieved = pushed / (time.perf_counter() - t0)
+        idle_p99 = max(idle["filter_p99_ms"], idle["prioritize_p99_ms"])
+        busy_p99 = max(busy["filter_p99_ms"], busy["prioritize_p99_ms"])
+        result["ingest"] = {
+            "pushes_per_s": round(ours_rate), "floor_pushes_per_s": round(floor_rate),
+            "ratio": round(ours_rate / floor_rate, 2),
+            "decision_p99_ms_idle": round(idle_p99, 3), "decision_p99_ms_under_ingest": round(busy_p99, 3),
+            "under_ingest_ratio": round(busy_p99 / idle_p99, 2), "pushes_per_s_during_decisions": round(achieved),
+        }  # fmt: skip
+        print(f"ingest: {result['ingest']}", flush=True)
+    finally:
+        ours.stop()
+        floor.stop()
+
+    # Memory at 10,000 nodes × 8 GPUs, and the agent.
+    ours = Server("ours")
+    floor = Server("floor")
+    try:
+        base = ours.rss_mib()
+        load(ours.port, 10_000)
+        result["memory"] = {
+            "extender_rss_mib_10k": round(ours.rss_mib(), 1), "extender_rss_mib_empty": round(base, 1),
+            "floor_rss_mib_empty": round(floor.rss_mib(), 1),
+        }  # fmt: skip
+        result["memory"].update(agent_cost(ours.port, 10.0 if args.quick else 30.0))
+        print(f"memory: {result['memory']}", flush=True)
+    finally:
+        ours.stop()
+        floor.stop()
+
+    result["duration_s"] = round(time.monotonic() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    print(
+        f"wrote {args.out}" + (f" and {png}" if plot(result, png) else " (no matplotlib: no plot)")
+    )
+    print(f"done in {result['duration_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""The cached request path must give exactly the answers of the pure policy, always."""
+
+import random
+
+import numpy as np
+import orjson
+from hypothesis import given, settings, strategies as st
+
+from scheduler_extender.api import verbs
+from scheduler_extender.api.app import create_app
+from scheduler_extender.k8s.translate import pod_demand
+from scheduler_extender.state.decisions import NameSet
+from scheduler_extender.telemetry.clock import FakeClock
+from scheduler_extender.telemetry.schema import TelemetryReport
+from tests.builders import args_names, gpu, pod, report
+
+
+def fleet(clock, nodes=40, seed=0):
+    app = create_app(clock=clock)
+    state = app.state.ctx.state
+    rng = random.Random(seed)
+    for i in range(nodes):
+        gpus = [
+            gpu(g, temperature_c=rng.uniform(30, 95), memory_used_mib=rng.choice([0.0, 3000.0, 9000.0, 16000.0]),
+                health=rng.choice(["healthy", "healthy", "degraded", "unhealthy"]), utilization_pct=rng.uniform(0, 100))
+            for g in range(rng.randint(1, 4))
+        ]  # fmt: skip
+        state.ingest(
+            TelemetryReport.model_validate(
+                report(f"n{i}", gpus, labels={"edgegpu.io/rack": f"r{i % 3}"})
+            )
+        )
+    return app, state, rng
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["inference", "training", "best-effort", "realtime"]),
+    st.integers(1, 4),
+    st.booleans(),
+)
+def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(seed, qos, blocks, whole):
+    clock = FakeClock()
+    app, state, rng = fleet(clock, seed=seed)
+    names = [f"n{i}" for i in rng.sample(range(45), 30)]  # some never reported
+    spec = pod(
+        "p",
+        blocks=None if whole else blocks,
+        whole=blocks % 3 if whole else None,
+        qos=qos,
+        group="g" if qos == "training" else None,
+    )
+    demand = pod_demand(spec, state.policy.spec.qos)
+    for step in range(6):
+        a = state.decide(names, demand)
+        b = state.evaluate(names, demand)
+        assert (
+            (a.passed == b.passed).all()
+            and (a.reason == b.reason).all()
+            and (a.points == b.points).all()
+        )
+        # Change the world between requests: a push, time passing, a reservation.
+        n = rng.randrange(40)
+        state.ingest(
+            TelemetryReport.model_validate(
+                report(f"n{n}", [gpu(0, temperature_c=rng.uniform(40, 95))])
+            )
+        )
+        clock.advance(rng.choice([0.0, 1.0, 20.0, 400.0]))
+        if step == 3 and b.passed.any():
+            i = int(np.flatnonzero(b.passed)[0])
+            assignment, _ = verbs.choose_assignment(app.state.ctx, demand, names[i])
+            if assignment is not None:
+                state.assign(assignment)
+
+
+def test_only_changed_rows_are_recomputed(clock):
+    _, state, _ = fleet(clock, nodes=30)
+    names = [f"n{i}" for i in range(30)]
+    demand = pod_demand(pod("p"), state.policy.spec.qos)
+    state.decide(names, demand)
+    before = state._verdicts.recomputed_rows
+    state.decide(names, demand)
+    assert state._verdicts.recomputed_rows == before
+    state.ingest(TelemetryReport.model_validate(report("n3", [gpu(0)])))
+    state.decide(names, demand)
+    assert state._verdicts.recomputed_rows == before + 1
+
+
+def test_written_answers_are_the_json_they_stand_for():
+    names = ["a", "b-1", "c.example", "d", "e"]
+    raw = orjson.dumps(names)
+    ns = NameSet(names, np.arange(5), 0, raw=raw)
+    for mask in (
+        [1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1],
+        [1, 0, 1, 0, 1],
+        [0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0],
+        [0, 0, 1, 0, 0],
+    ):
+        passed = np.array(mask, dtype=bool)
+        assert orjson.loads(ns.names_json(passed)) == [
+            n for n, m in zip(names, mask, strict=True) if m
+        ]
+    texts = np.array([b'"x"', b'"y"'], dtype=object)
+    assert orjson.loads(ns.failures_json(np.array([1, 3]), texts)) == {"b-1": "x", "d": "y"}
+    assert ns.failures_json(np.array([], dtype=np.int64), texts[:0]) == b"{}"
+    points = np.array([0, 10, 7, 3, 10])
+    assert orjson.loads(ns.priorities(points)) == [
+        {"Host": n, "Score": int(p)} for n, p in zip(names, points, strict=True)
+    ]
+
+
+async def test_the_answer_is_the_same_however_the_request_is_spelled(client):
+    for i in range(3):
+        await client.post(
+            "/v1/telemetry", json=report(f"n{i}", [gpu(0, temperature_c=[40.0, 90.0, 60.0][i])])
+        )
+    body = args_names(pod(qos="training"), ["n0", "n1", "n2", "zz"])
+    compact = orjson.dumps(body)
+    spaced = compact.replace(b'"NodeNames":', b'"NodeNames" : ').replace(b",", b", ")
+    lowered = compact.replace(b'"NodeNames"', b'"nodenames"').replace(b'"Pod"', b'"pod"')
+    answers = []
+    for variant in (compact, compact, spaced, lowered):
+        f = orjson.loads((await client.post("/filter", content=variant)).content)
+        p = orjson.loads((await client.post("/prioritize", content=variant)).content)
+        answers.append((f, sorted((h["Host"], h["Score"]) for h in p)))
+    assert all(a == answers[0] for a in answers)
+    assert answers[0][0]["NodeNames"] == ["n0", "n2"]
