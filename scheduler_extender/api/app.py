@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import __version__
-from scheduler_extender.api import routes_debug, routes_scheduler, routes_telemetry
+from scheduler_extender.api import fast, routes_debug
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
@@ -32,6 +33,7 @@ def create_app(
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     binder: Binder | None = None,
+    auth: AgentAuth | None = None,
     state: ClusterState | None = None,
 ) -> FastAPI:
     """Build the extender app. Nothing is created at import time; tests build fresh apps."""
@@ -43,6 +45,7 @@ def create_app(
         state=state,
         metrics=ExtenderMetrics(registry, state),
         binder=binder,
+        auth=auth,
         policy_source=policy_source,
     )
     app = FastAPI(
@@ -52,13 +55,8 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.ctx = ctx
-    app.include_router(routes_telemetry.router)
     app.include_router(routes_debug.router)
-    app.add_middleware(
-        routes_scheduler.SchedulerVerbs,
-        ctx=ctx,
-        prefix=settings.path_prefix,
-    )
+    app.add_middleware(fast.FastRoutes, ctx=ctx, prefix=settings.path_prefix)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -66,7 +64,7 @@ def create_app(
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             schema["paths"] = {
-                **routes_scheduler.verb_openapi(settings.path_prefix),
+                **fast.fast_openapi(settings.path_prefix),
                 **schema["paths"],
             }
             app.openapi_schema = schema

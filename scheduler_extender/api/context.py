@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.state.cluster import ClusterState
@@ -23,6 +24,8 @@ class AppContext:
     state: ClusterState
     metrics: ExtenderMetrics
     binder: Binder | None = None
+    auth: AgentAuth | None = None
+    """None: accept pushes from loopback only (embedded mode)."""
     policy_source: str = "defaults"
     ready: bool = True
     warned: set[str] = field(default_factory=set)

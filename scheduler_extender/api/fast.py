@@ -1,10 +1,11 @@
-"""``POST /filter``, ``/prioritize``, ``/preempt``, ``/bind`` as a pure ASGI fast path.
+"""The hot routes as a pure ASGI fast path: the scheduler verbs and telemetry ingest.
 
 kube-scheduler waits on every call, and the framework's routing, request objects and
-response classes cost more than our whole decision at 5,000 nodes; so these four routes are
-answered here, in front of FastAPI, and everything else falls through to it. Answers are
-always status 200 with errors in the body, as the extender protocol requires. The OpenAPI
-document still describes the verbs (``verb_openapi``).
+response classes cost more than our whole decision at 5,000 nodes (and several times the cost
+of storing one telemetry push); so ``POST /filter``, ``/prioritize``, ``/preempt``, ``/bind``
+and ``/v1/telemetry`` are answered here, in front of FastAPI, and everything else falls through
+to it. Scheduler verbs always answer 200 with errors in the body, as the extender protocol
+requires. The OpenAPI document still describes these routes (``fast_openapi``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from scheduler_extender.api import verbs
+from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s import wire
+from scheduler_extender.telemetry.schema import TelemetryReport
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,16 +66,22 @@ async def _read(receive: Receive, limit: int, declared: int | None) -> bytes | N
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-class SchedulerVerbs:
-    """ASGI middleware: answers the scheduler verbs under ``prefix``, passes the rest on."""
+TELEMETRY_PATH = "/v1/telemetry"
+
+
+class FastRoutes:
+    """ASGI middleware: answers the hot routes, passes everything else to the wrapped app."""
 
     def __init__(self, app: ASGIApp, ctx: AppContext, prefix: str = "") -> None:
         self.app = app
         self.ctx = ctx
-        self.routes = {f"{prefix}/{verb}": (verb, handler) for verb, handler in VERBS.items()}
+        self.routes: dict[str, tuple[str, Handler | None]] = {
+            f"{prefix}/{verb}": (verb, handler) for verb, handler in VERBS.items()
+        }
+        self.routes[TELEMETRY_PATH] = ("telemetry", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer a verb, or hand the request to the wrapped app."""
+        """Answer a hot route, or hand the request to the wrapped app."""
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if route is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
@@ -86,14 +94,22 @@ class SchedulerVerbs:
             if name == b"content-length" and value.isdigit():
                 declared = int(value)
                 break
-        limit = ctx.settings.max_request_bytes
-        body = await _read(receive, limit, declared)
-        if body is None:
-            out = _too_large(verb, ctx, f"body is over the limit of {limit} bytes")
+        status = 200
+        if handler is None:
+            body = await _read(receive, ctx.settings.max_telemetry_bytes, declared)
+            client = scope.get("client")
+            status, out = await ingest.push(
+                ctx, body, client[0] if client else None, ingest.bearer(scope["headers"])
+            )
         else:
-            result = handler(ctx, body)
-            out = await result if isinstance(result, Awaitable) else result
-        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            limit = ctx.settings.max_request_bytes
+            body = await _read(receive, limit, declared)
+            if body is None:
+                out = _too_large(verb, ctx, f"body is over the limit of {limit} bytes")
+            else:
+                result = handler(ctx, body)
+                out = await result if isinstance(result, Awaitable) else result
+        await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
         await send({"type": "http.response.body", "body": out})
         ctx.metrics.latency.labels(verb).observe(time.perf_counter() - start)
 
@@ -126,9 +142,9 @@ _DOCS = {
 }
 
 
-def verb_openapi(prefix: str) -> dict[str, Any]:
-    """OpenAPI path items for the verbs (they are not FastAPI routes, so describe them here)."""
-    return {
+def fast_openapi(prefix: str) -> dict[str, Any]:
+    """OpenAPI path items for the fast routes (they are not FastAPI routes)."""
+    paths: dict[str, Any] = {
         f"{prefix}/{verb}": {
             "post": {
                 "tags": ["scheduler"],
@@ -148,3 +164,22 @@ def verb_openapi(prefix: str) -> dict[str, Any]:
         }
         for verb, (summary, schema, answer) in _DOCS.items()
     }
+    paths[TELEMETRY_PATH] = {
+        "post": {
+            "tags": ["telemetry"],
+            "summary": "Push one node's GPU telemetry",
+            "operationId": "telemetry_push",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": TelemetryReport.model_json_schema()}},
+            },
+            "responses": {
+                "200": {"description": "{accepted, performance_gpus[, reason]}"},
+                "401": {"description": "no or bad bearer token"},
+                "403": {"description": "the token may not report for this node"},
+                "413": {"description": "report over the size cap"},
+                "422": {"description": "invalid report, every problem located"},
+            },
+        }
+    }
+    return paths
