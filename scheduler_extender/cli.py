@@ -30,6 +30,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
     p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig of the cluster (default: embedded)")
+    p.add_argument(
+        "--in-cluster", action="store_true", default=None, help="use the Pod's ServiceAccount"
+    )
+    p.add_argument("--policy-name", help="GPUSchedulingPolicy custom resource to follow")
+    p.add_argument("--namespace", help="namespace of the leader Lease")
+    p.add_argument("--no-leader-elect", action="store_false", dest="leader_elect", default=None)
+    p.add_argument("--agent-namespace", help="namespace of the node agents")
+    p.add_argument("--agent-service-account", help="ServiceAccount of the node agents")
+    p.add_argument("--static-token-file", type=Path, help="'TOKEN NODE' lines for agent auth")
+    p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key-file", type=Path, help="the certificate's private key")
     p.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
@@ -68,13 +80,40 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(
-        settings,
-        policy=policy,
-        policy_source=str(settings.policy_file) if settings.policy_file else "defaults",
-    )
+    kube = None
+    if settings.has_cluster:
+        from scheduler_extender.k8s.client import KubeApi, load_api_client
+
+        try:
+            kube = KubeApi(load_api_client(settings.kubeconfig))
+        except Exception as exc:  # the config loaders raise several unrelated types
+            print(
+                f"gpu-sched-extender: cannot load the cluster configuration: {exc}", file=sys.stderr
+            )
+            return 2
+    if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
+        print("gpu-sched-extender: --tls-cert-file and --tls-key-file go together", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(
+            settings,
+            policy=policy,
+            policy_source=str(settings.policy_file) if settings.policy_file else "defaults",
+            kube=kube,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"gpu-sched-extender: {exc}", file=sys.stderr)
+        return 2
+    tls: dict[str, Any] = {}
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        tls = {
+            "ssl_certfile": str(settings.tls_cert_file),
+            "ssl_keyfile": str(settings.tls_key_file),
+        }
     tune_gc()
-    uvicorn.run(app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level))
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level), **tls
+    )
     return 0
 
 

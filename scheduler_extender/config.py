@@ -41,6 +41,30 @@ class ExtenderSettings(BaseSettings):
         1024 * 1024, gt=0, description="Cap on one telemetry push (64 GPUs fit in ~100 kB)."
     )
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
+    # The cluster (no kubeconfig and not in-cluster = embedded mode, no API server at all).
+    kubeconfig: Path | None = Field(None, description="kubeconfig file of the cluster.")
+    in_cluster: bool = Field(False, description="Use the Pod's ServiceAccount to reach the API.")
+    policy_name: str = Field(
+        "edge-gpu-policy", min_length=1, description="GPUSchedulingPolicy to watch and follow."
+    )
+    namespace: str = Field("edgegpu-system", description="Namespace of the extender's Lease.")
+    leader_elect: bool = Field(True, description="Campaign for the Lease (one replica acts).")
+    lease_name: str = Field("edgegpu-extender", description="Name of the leader Lease.")
+    identity: str | None = Field(None, description="Leader identity; default host name + pid.")
+    agent_namespace: str = Field("edgegpu-system", description="Namespace of the node agents.")
+    agent_service_account: str = Field(
+        "edgegpu-node-agent", description="ServiceAccount whose tokens may push telemetry."
+    )
+    static_token_file: Path | None = Field(
+        None, description="'TOKEN NODE' lines: agent tokens without TokenReview (embedded mode)."
+    )
+    tls_cert_file: Path | None = Field(None, description="Serve HTTPS with this certificate.")
+    tls_key_file: Path | None = Field(None, description="Private key of the certificate.")
+
+    @property
+    def has_cluster(self) -> bool:
+        """Whether the extender talks to an API server."""
+        return self.kubeconfig is not None or self.in_cluster
 
 
 def load_policy_text(text: str, source: str) -> Policy:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -91,7 +91,8 @@ class ExtenderMetrics:
         )
         self.telemetry = Counter(
             "edgegpu_extender_telemetry_reports_total",
-            "Telemetry pushes by result (accepted, ignored, invalid, too_large, unauthorized).",
+            "Telemetry pushes by result (accepted, ignored, invalid, too_large, unauthorized "
+            "(401), forbidden (403)).",
             ["result"],
             registry=registry,
         )
@@ -99,6 +100,17 @@ class ExtenderMetrics:
             "edgegpu_extender_binds_total",
             "Bind requests by result (bound, no_binder, no_fit, unknown_pod, failed, malformed).",
             ["result"],
+            registry=registry,
+        )
+        self.watch_restarts = Counter(
+            "edgegpu_extender_watch_restarts_total",
+            "Watches of the API server restarted, by resource and why (gone = relisted after 410).",
+            ["resource", "why"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "edgegpu_extender_leader",
+            "1 while this replica holds the leader Lease (acts on the cluster).",
             registry=registry,
         )
         registry.register(_TelemetryAge(state))

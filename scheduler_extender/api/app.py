@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,11 +20,14 @@ from scheduler_extender import __version__
 from scheduler_extender.api import fast, routes_debug
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.config import ExtenderSettings
-from scheduler_extender.k8s.auth import AgentAuth
-from scheduler_extender.k8s.binder import Binder
+from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewAuth
+from scheduler_extender.k8s.binder import Binder, KubeBinder
+from scheduler_extender.k8s.client import KubeApi
+from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.state.cluster import ClusterState
+from scheduler_extender.sync import ClusterSync
 from scheduler_extender.telemetry.clock import Clock, SystemClock
 
 log = logging.getLogger("scheduler_extender")
@@ -35,11 +43,22 @@ def create_app(
     binder: Binder | None = None,
     auth: AgentAuth | None = None,
     state: ClusterState | None = None,
+    kube: KubeApi | None = None,
 ) -> FastAPI:
-    """Build the extender app. Nothing is created at import time; tests build fresh apps."""
+    """Build the extender app. Nothing is created at import time; tests build fresh apps.
+
+    With ``kube`` (an API server), the app's lifespan starts the Node/Pod/policy watches and,
+    when enabled, leader election; bind goes to the API server and agents authenticate with
+    TokenReview. Without it (embedded mode) bind only reports its choice and pushes come from
+    loopback or carry a static token.
+    """
     settings = settings or ExtenderSettings()
     state = state or ClusterState(clock or SystemClock(), policy)
     registry = registry or CollectorRegistry()
+    if binder is None and kube is not None:
+        binder = KubeBinder(kube)
+    if auth is None and settings.static_token_file is not None:
+        auth = StaticTokenAuth(settings.static_token_file)
     ctx = AppContext(
         settings=settings,
         state=state,
@@ -48,11 +67,57 @@ def create_app(
         auth=auth,
         policy_source=policy_source,
     )
+    if ctx.auth is None and kube is not None:
+        ctx.auth = TokenReviewAuth(
+            kube.token_review,
+            lambda ns, name: ctx.sync.pod_lookup(ns, name) if ctx.sync else None,
+            namespace=settings.agent_namespace,
+            service_account=settings.agent_service_account,
+            run=asyncio.to_thread,
+        )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if kube is None:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_policy(new: Policy, source: str) -> None:
+            ctx.policy_source = source
+
+        ctx.sync = ClusterSync(
+            kube,
+            state,
+            loop,
+            policy_name=settings.policy_name,
+            base_policy=policy,
+            on_policy=on_policy,
+            on_restart=lambda resource, why: ctx.metrics.watch_restarts.labels(resource, why).inc(),
+        )
+        ctx.sync.start()
+        if settings.leader_elect:
+            ctx.elector = LeaseElector(
+                kube,
+                namespace=settings.namespace,
+                name=settings.lease_name,
+                identity=settings.identity or f"{socket.gethostname()}-{os.getpid()}",
+                on_change=lambda leader: ctx.metrics.leader.set(1 if leader else 0),
+            )
+            ctx.elector.start()
+        try:
+            yield
+        finally:
+            if ctx.elector is not None:
+                await asyncio.to_thread(ctx.elector.stop)
+            await asyncio.to_thread(ctx.sync.stop)
+
     app = FastAPI(
         title="edgegpu scheduler extender",
         version=__version__,
         description="GPU-aware kube-scheduler extender: filter, prioritize, preempt, bind.",
         redirect_slashes=False,
+        lifespan=lifespan,
     )
     app.state.ctx = ctx
     app.include_router(routes_debug.router)

@@ -10,8 +10,10 @@ from fastapi import Request
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
+from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.state.cluster import ClusterState
+from scheduler_extender.sync import ClusterSync
 
 log = logging.getLogger("scheduler_extender")
 
@@ -27,8 +29,19 @@ class AppContext:
     auth: AgentAuth | None = None
     """None: accept pushes from loopback only (embedded mode)."""
     policy_source: str = "defaults"
-    ready: bool = True
+    sync: ClusterSync | None = None
+    elector: LeaseElector | None = None
     warned: set[str] = field(default_factory=set)
+
+    @property
+    def ready(self) -> bool:
+        """Policy loaded and, with a cluster, every cache listed at least once."""
+        return self.sync is None or self.sync.synced
+
+    @property
+    def leader(self) -> bool | None:
+        """Whether this replica holds the Lease (None: no leader election)."""
+        return None if self.elector is None else self.elector.is_leader
 
     def warn_once(self, key: str, message: str) -> None:
         """Log a warning the first time only."""

@@ -158,11 +158,16 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: the policy is loaded and the caches are synced."""
     ctx = get_ctx(request)
-    body = {
+    body: dict[str, Any] = {
         "ready": ctx.ready,
         "policy": ctx.state.policy.metadata.name,
+        "policy_source": ctx.policy_source,
         "nodes": len(ctx.state.store),
+        "leader": ctx.leader,
     }
+    if ctx.sync is not None:
+        body["caches"] = {r.name: r.synced.is_set() for r in ctx.sync.reflectors}
+        body["policy_errors"] = ctx.sync.policy_errors
     return JSONResponse(body, status_code=200 if ctx.ready else 503)
 
 

@@ -232,11 +232,16 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
                 f"edgegpu: no binder configured (embedded mode, no cluster): would assign gpu "
                 f"{gpus} on node {args.node}"
             )
-        ctx.state.assign(assignment)
+        # A retried bind finds the assignment already recorded (perhaps read back from the
+        # pod, and so authoritative): keep it as it is.
+        added = ctx.state.allocations.get(assignment.pod_uid) != assignment
+        if added:
+            ctx.state.assign(assignment)
         try:
             await ctx.binder.bind(assignment)
         except BindError as exc:
-            ctx.state.release(assignment.pod_uid)
+            if added:
+                ctx.state.release(assignment.pod_uid)
             ctx.metrics.binds.labels("failed").inc()
             return wire.encode_binding_result(f"edgegpu: bind failed: {exc}")
         ctx.metrics.binds.labels("bound").inc()

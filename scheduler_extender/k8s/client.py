@@ -1,0 +1,218 @@
+"""The Kubernetes API as edgegpu uses it, through the official ``kubernetes`` client.
+
+Raw JSON in and out (``_preload_content=False`` and orjson): the caches keep plain dicts, and
+typed model objects would cost more than the scheduler's whole decision. Every call is
+blocking; callers run them in threads, never on the request path of the scheduler verbs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger("scheduler_extender.k8s")
+
+JsonDict = dict[str, Any]
+POLICY_GROUP: Final = "kepler.io"
+POLICY_VERSION: Final = "v1"
+POLICY_PLURAL: Final = "gpuschedulingpolicies"
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Gone(KubeError):
+    """The resourceVersion is too old (410): list again."""
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        resp = fn(*args, _preload_content=False, **kwargs)
+    except ApiException as exc:
+        message = exc.reason or ""
+        try:
+            message = orjson.loads(exc.body or b"{}").get("message") or message
+        except orjson.JSONDecodeError:
+            pass
+        if exc.status == 410:
+            raise Gone(410, message) from None
+        raise KubeError(exc.status or 0, f"HTTP {exc.status}: {message}") from None
+    except Exception as exc:  # urllib3 connection errors and the like
+        raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
+    return resp
+
+
+def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file, or from the in-cluster ServiceAccount."""
+    cfg = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=cfg
+        )
+    else:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return client.ApiClient(cfg)
+
+
+class KubeApi:
+    """The handful of resources edgegpu reads and writes."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.authn = client.AuthenticationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def _lister(self, resource: str) -> Any:
+        if resource == "nodes":
+            return self.core.list_node, ()
+        if resource == "pods":
+            return self.core.list_pod_for_all_namespaces, ()
+        if resource == POLICY_PLURAL:
+            return self.custom.list_cluster_custom_object, (
+                POLICY_GROUP,
+                POLICY_VERSION,
+                POLICY_PLURAL,
+            )
+        raise ValueError(resource)
+
+    def list(self, resource: str) -> tuple[list[JsonDict], str]:
+        """Every object of a resource and the list's resourceVersion."""
+        fn, args = self._lister(resource)
+        doc = orjson.loads(_call(fn, *args).data)
+        return doc.get("items") or [], str(doc.get("metadata", {}).get("resourceVersion", ""))
+
+    def watch(self, resource: str, resource_version: str, timeout_s: int) -> Iterator[JsonDict]:
+        """Watch events after ``resource_version`` (with bookmarks); Gone on 410."""
+        fn, args = self._lister(resource)
+        resp = _call(
+            fn,
+            *args,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _request_timeout=(10, timeout_s + 30),
+        )
+        try:
+            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
+                if not line or line.isspace():
+                    continue
+                event = orjson.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    code = int(status.get("code") or 0)
+                    if code == 410:
+                        raise Gone(410, status.get("message", "resource version too old"))
+                    raise KubeError(code, f"watch {resource}: {status.get('message')}")
+                yield event
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    # -- pods ---------------------------------------------------------------------------------
+    def get_pod(self, namespace: str, name: str) -> JsonDict:
+        """One pod."""
+        doc: JsonDict = orjson.loads(_call(self.core.read_namespaced_pod, name, namespace).data)
+        return doc
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> JsonDict:
+        """Merge ``annotations`` into the pod's."""
+        body = {"metadata": {"annotations": annotations}}
+        doc: JsonDict = orjson.loads(
+            _call(self.core.patch_namespaced_pod, name, namespace, body).data
+        )
+        return doc
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Create the pod's ``v1.Binding`` to ``node`` (409 if it is bound already)."""
+        body: JsonDict = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if uid:
+            body["metadata"]["uid"] = uid
+        _call(self.core.create_namespaced_pod_binding, name, namespace, body)
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """The Eviction API (honours PodDisruptionBudgets: 429 when one forbids it)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        _call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+
+    # -- nodes --------------------------------------------------------------------------------
+    def patch_node(self, name: str, patch: JsonDict) -> JsonDict:
+        """Merge-patch a node (labels, annotations, taints, spec.unschedulable)."""
+        doc: JsonDict = orjson.loads(_call(self.core.patch_node, name, patch).data)
+        return doc
+
+    # -- authentication, events, leases, policy ---------------------------------------------
+    def token_review(self, token: str) -> JsonDict:
+        """The TokenReview status for a token."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        doc = orjson.loads(_call(self.authn.create_token_review, body).data)
+        status: JsonDict = doc.get("status") or {}
+        return status
+
+    def create_event(self, namespace: str, event: JsonDict) -> None:
+        """Record a core/v1 Event."""
+        _call(self.core.create_namespaced_event, namespace, event)
+
+    def get_lease(self, namespace: str, name: str) -> JsonDict | None:
+        """A Lease, or None when there is none."""
+        try:
+            doc: JsonDict = orjson.loads(
+                _call(self.coordination.read_namespaced_lease, name, namespace).data
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return doc
+
+    def create_lease(self, namespace: str, lease: JsonDict) -> JsonDict:
+        """Create a Lease (409 if someone else did first)."""
+        doc: JsonDict = orjson.loads(
+            _call(self.coordination.create_namespaced_lease, namespace, lease).data
+        )
+        return doc
+
+    def replace_lease(self, namespace: str, name: str, lease: JsonDict) -> JsonDict:
+        """Replace a Lease; 409 when its resourceVersion moved on (someone else wrote it)."""
+        doc: JsonDict = orjson.loads(
+            _call(self.coordination.replace_namespaced_lease, name, namespace, lease).data
+        )
+        return doc
+
+    def set_policy_status(self, name: str, status: JsonDict) -> None:
+        """Write a GPUSchedulingPolicy's status subresource."""
+        _call(
+            self.custom.patch_cluster_custom_object_status,
+            POLICY_GROUP,
+            POLICY_VERSION,
+            POLICY_PLURAL,
+            name,
+            {"status": status},
+        )

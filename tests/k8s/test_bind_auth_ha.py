@@ -1,0 +1,189 @@
+"""Bind through the API server, agent authentication with TokenReview, replicas, the Lease."""
+
+import asyncio
+
+import orjson
+
+from scheduler_extender.k8s.leader import LeaseElector
+from scheduler_extender.telemetry.schema import TelemetryReport
+from tests.builders import args_names, gpu, pod, report
+from tests.k8s.conftest import eventually, make_api, running_extender
+
+
+def bind_body(name, node, uid=None):
+    return {
+        "PodName": name,
+        "PodNamespace": "default",
+        "PodUID": uid or f"uid-{name}",
+        "Node": node,
+    }
+
+
+async def ready(app):
+    await eventually(lambda: app.state.ctx.ready)
+
+
+async def test_bind_writes_the_assignment_then_the_binding_and_is_idempotent(kube, kubeconfig):
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+        app.state.ctx.state.ingest(
+            TelemetryReport.model_validate(
+                report("n1", [gpu(0, memory_used_mib=15000.0), gpu(1, uuid="GPU-free")])
+            )
+        )
+        kube.add_node("n1")
+        spec = pod("p1", blocks=2, qos="training")
+        kube.add_pod("p1", uid="uid-p1", limits={"edgegpu.io/gpu-mem-block": "2"},
+                     annotations={"edgegpu.io/qos": "training"})  # fmt: skip
+        await client.post("/filter", json=args_names(spec, ["n1"]))
+        resp = await client.post("/bind", json=bind_body("p1", "n1"))
+        assert resp.json() == {"Error": ""}
+        stored = kube.get("pods", "p1")
+        assert stored["spec"]["nodeName"] == "n1"
+        annotations = stored["metadata"]["annotations"]
+        assert annotations["edgegpu.io/gpu-index"] == "1"
+        assert annotations["edgegpu.io/gpu-uuid"] == "GPU-free"
+        assert annotations["edgegpu.io/assigned-at"].endswith("Z")
+        patch_at = next(
+            i for i, r in enumerate(kube.requests) if r[0] == "PATCH" and "/pods/p1" in r[1]
+        )
+        bind_at = next(i for i, r in enumerate(kube.requests) if r[1].endswith("/pods/p1/binding"))
+        assert patch_at < bind_at  # the device plugin must find the choice before the pod starts
+        # A retried bind (its first answer lost) is a success, and holds the same GPU.
+        assert (await client.post("/bind", json=bind_body("p1", "n1"))).json() == {"Error": ""}
+        state = app.state.ctx.state
+        await eventually(
+            lambda: state.allocations.expires_at("uid-p1") is None
+        )  # read back from the pod
+        assert state.allocations.get("uid-p1").gpu_indices == (1,)
+
+
+async def test_a_bind_refused_by_the_api_server_releases_the_reservation(kube, kubeconfig):
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+        app.state.ctx.state.ingest(TelemetryReport.model_validate(report("n1")))
+        kube.add_pod("p2", uid="uid-p2", node="elsewhere")
+        await client.post("/filter", json=args_names(pod("p2"), ["n1"]))
+        resp = await client.post("/bind", json=bind_body("p2", "n1"))
+        assert "already bound to 'elsewhere'" in resp.json()["Error"]
+        assert app.state.ctx.state.allocations.get("uid-p2") is None
+        resp = await client.post("/bind", json=bind_body("ghost", "n1"))
+        assert resp.json()["Error"]  # never filtered
+
+
+async def test_tokenreview_lets_an_agent_report_for_its_own_node_only(kube, kubeconfig):
+    kube.add_node("n1")
+    kube.add_node("n2")
+    kube.add_pod(
+        "agent-n1",
+        "edgegpu-system",
+        node="n1",
+        uid="uid-agent-n1",
+        service_account="edgegpu-node-agent",
+    )
+    kube.add_token("good", "edgegpu-system", "edgegpu-node-agent", "agent-n1", "uid-agent-n1")
+    kube.add_token("other-sa", "default", "default", "agent-n1", "uid-agent-n1")
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+
+        async def push(node, token):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return await client.post(
+                "/v1/telemetry", content=orjson.dumps(report(node)), headers=headers
+            )
+
+        assert (await push("n1", "good")).status_code == 200
+        wrong = await push("n2", "good")
+        assert wrong.status_code == 403 and "runs on 'n1'" in wrong.json()["error"]
+        assert (await push("n1", "forged")).status_code == 401
+        assert (await push("n1", None)).status_code == 401
+        assert (await push("n1", "other-sa")).status_code == 403
+        reviews = len(kube.requests_to("tokenreviews"))
+        assert (await push("n1", "good")).status_code == 200
+        assert len(kube.requests_to("tokenreviews")) == reviews  # cached
+        registry = app.state.ctx.metrics.registry
+        sample = registry.get_sample_value
+        assert sample("edgegpu_extender_telemetry_reports_total", {"result": "unauthorized"}) == 2
+        assert sample("edgegpu_extender_telemetry_reports_total", {"result": "forbidden"}) == 2
+
+
+async def test_two_replicas_against_one_api_server_answer_identically(kube, kubeconfig):
+    for i in range(6):
+        kube.add_node(f"n{i}", {"edgegpu.io/rack": f"rack-{i % 2}"})
+    reports = [
+        report(f"n{i}", [gpu(0, temperature_c=40.0 + 9 * i), gpu(1, memory_used_mib=2000.0 * i)])
+        for i in range(6)
+    ]
+    async with (
+        running_extender(kubeconfig, identity="a") as (app_a, a),
+        running_extender(kubeconfig, identity="b") as (app_b, b),
+    ):
+        await ready(app_a)
+        await ready(app_b)
+        for r in reports:  # agents push to every replica
+            for app in (app_a, app_b):
+                app.state.ctx.state.ingest(TelemetryReport.model_validate(r))
+        names = [f"n{i}" for i in range(6)]
+        for spec in (
+            pod("x", qos="training", group="job"),
+            pod("y", blocks=3),
+            pod("z", whole=1, blocks=None),
+        ):
+            body = args_names(spec, names)
+            for verb in ("/filter", "/prioritize"):
+                assert (await a.post(verb, json=body)).json() == (
+                    await b.post(verb, json=body)
+                ).json()
+        leaders = [app.state.ctx.leader for app in (app_a, app_b)]
+        await eventually(
+            lambda: sorted([app_a.state.ctx.leader, app_b.state.ctx.leader]) == [False, True]
+        )
+        assert leaders.count(True) <= 1
+
+
+async def test_the_lease_moves_to_the_other_replica_when_the_holder_stops(kube, kubeconfig):
+    api = make_api(kubeconfig)
+    a = LeaseElector(
+        api,
+        namespace="edgegpu-system",
+        name="lease",
+        identity="a",
+        lease_duration_s=1.0,
+        retry_s=0.1,
+    )
+    b = LeaseElector(
+        api,
+        namespace="edgegpu-system",
+        name="lease",
+        identity="b",
+        lease_duration_s=1.0,
+        retry_s=0.1,
+    )
+    a.start()
+    await eventually(lambda: a.is_leader)
+    b.start()
+    await asyncio.sleep(0.5)
+    assert not b.is_leader  # a keeps renewing
+    await asyncio.to_thread(a.stop)
+    await eventually(lambda: b.is_leader, timeout_s=5)
+    lease = kube.get("leases", "lease", "edgegpu-system")
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] >= 1
+    await asyncio.to_thread(b.stop)
+
+
+def test_a_silent_holder_loses_the_lease_after_its_duration(kubeconfig):
+    api = make_api(kubeconfig)
+    now = [0.0]
+    a = LeaseElector(
+        api, namespace="ns", name="l", identity="a", lease_duration_s=10, clock=lambda: now[0]
+    )
+    b = LeaseElector(
+        api, namespace="ns", name="l", identity="b", lease_duration_s=10, clock=lambda: now[0]
+    )
+    assert a.try_acquire_or_renew() is True
+    assert b.try_acquire_or_renew() is False
+    now[0] = 9.0
+    assert b.try_acquire_or_renew() is False
+    now[0] = 10.5  # b has seen the same renewTime for longer than the lease duration
+    assert b.try_acquire_or_renew() is True
+    assert a.try_acquire_or_renew() is False

@@ -1,0 +1,154 @@
+"""Node, Pod and policy watches feed the decisions; watch drops and 410s are survived."""
+
+import pytest
+
+from scheduler_extender.telemetry.schema import TelemetryReport
+from tests.builders import args_names, gpu, pod, report
+from tests.k8s.conftest import eventually, running_extender
+
+SEED = {
+    "apiVersion": "kepler.io/v1",
+    "kind": "GPUSchedulingPolicy",
+    "metadata": {"name": "edge-gpu-policy"},
+    "spec": {
+        "powerSaving": {"enabled": True, "threshold": 70},
+        "thermalThrottling": {"maxTemp": 85, "coolDownPeriod": "5m"},
+    },
+}
+
+
+def push(app, *reports):
+    for r in reports:
+        assert app.state.ctx.state.ingest(TelemetryReport.model_validate(r)).accepted
+
+
+async def rack_of(client, node):
+    return (await client.get(f"/debug/nodes/{node}")).json().get("rack")
+
+
+async def test_ready_only_once_every_cache_is_synced_and_node_labels_set_the_rack(kube, kubeconfig):
+    kube.add_node("n1", {"edgegpu.io/rack": "rack-a"})
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        body = (await client.get("/readyz")).json()
+        assert body["caches"] == {"nodes": True, "pods": True, "gpuschedulingpolicies": True}
+        push(app, report("n1", labels={"edgegpu.io/rack": "agent-says"}))
+        assert await rack_of(client, "n1") == "rack-a"  # the Node object wins over the agent
+        kube.add_node("n1", {"edgegpu.io/rack": "rack-b"})
+
+        async def moved():
+            return await rack_of(client, "n1") == "rack-b"
+
+        await eventually(moved)
+
+
+async def test_a_new_policy_resource_changes_max_temp_live_and_a_bad_one_is_refused(
+    kube, kubeconfig
+):
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        push(app, report("n1", [gpu(0, temperature_c=80.0)]))
+        filt = args_names(pod(qos="training"), ["n1"])
+        assert (await client.post("/filter", json=filt)).json()["NodeNames"] == ["n1"]
+        cooler = {
+            **SEED,
+            "spec": {**SEED["spec"], "thermalThrottling": {"maxTemp": 75, "coolDownPeriod": "5m"}},
+        }
+        kube.put("gpuschedulingpolicies", cooler)
+        await eventually(
+            lambda: app.state.ctx.state.policy.spec.thermal_throttling.max_temp_c == 75
+        )
+        push(app, report("n1", [gpu(0, temperature_c=80.0)]))
+        assert (await client.post("/filter", json=filt)).json()["FailedNodes"] == {
+            "n1": "edgegpu: gpu too hot"
+        }
+        status = await eventually(
+            lambda: (kube.get("gpuschedulingpolicies", "edge-gpu-policy") or {}).get("status")
+        )
+        assert status["conditions"][0]["status"] == "True"
+
+        broken = {
+            **SEED,
+            "spec": {"thermalThrottling": {"maxTemp": "very", "coolDownPeriod": "soon"}, "typo": 1},
+        }
+        kube.put("gpuschedulingpolicies", broken)
+
+        def refused():
+            cond = (
+                (kube.get("gpuschedulingpolicies", "edge-gpu-policy") or {}).get("status") or {}
+            ).get("conditions") or [{}]
+            return cond[0] if cond[0].get("status") == "False" else None
+
+        cond = await eventually(refused)
+        for key in ("maxTemp", "coolDownPeriod", "typo"):
+            assert key in cond["message"]
+        assert (
+            app.state.ctx.state.policy.spec.thermal_throttling.max_temp_c == 75
+        )  # the previous stays
+        assert (await client.get("/readyz")).json()["policy_errors"]
+
+        kube.delete("gpuschedulingpolicies", "edge-gpu-policy")
+        await eventually(
+            lambda: app.state.ctx.state.policy.spec.thermal_throttling.max_temp_c == 85
+        )
+        assert "deleted" in app.state.ctx.policy_source
+
+
+async def test_a_dropped_watch_resumes_and_an_expired_one_relists(kube, kubeconfig):
+    kube.add_node("n1", {"edgegpu.io/rack": "r1"})
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        push(app, report("n1"))
+
+        def gone():
+            value = app.state.ctx.metrics.registry.get_sample_value(
+                "edgegpu_extender_watch_restarts_total", {"resource": "nodes", "why": "gone"}
+            )
+            return value or 0.0
+
+        kube.drop_watches()
+        kube.add_node("n1", {"edgegpu.io/rack": "r2"})
+
+        async def is_r(rack):
+            return await rack_of(client, "n1") == rack
+
+        await eventually(lambda: is_r("r2"))
+        assert gone() == 0  # resumed from its resourceVersion: no 410, no relist for it
+        kube.compact()
+        kube.drop_watches()
+        kube.add_node("n1", {"edgegpu.io/rack": "r3"})
+        await eventually(lambda: is_r("r3"))
+        await eventually(lambda: gone() >= 1)
+        text = (await client.get("/metrics")).text
+        assert 'edgegpu_extender_watch_restarts_total{resource="nodes",why="gone"}' in text
+
+
+async def test_a_deleted_node_is_forgotten(kube, kubeconfig):
+    kube.add_node("n1")
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        push(app, report("n1"))
+        kube.delete("nodes", "n1")
+        await eventually(lambda: app.state.ctx.state.store.get("n1") is None)
+        assert (await client.get("/debug/nodes/n1")).status_code == 404
+
+
+@pytest.mark.parametrize("phase", ["Running", "Pending"])
+async def test_pods_bound_with_annotations_hold_their_gpus_until_deleted(kube, kubeconfig, phase):
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        push(app, report("n1", [gpu(0, memory_total_mib=8192.0)]))
+        kube.add_pod("holder", node="n1", uid="uid-holder", phase=phase,
+                     annotations={"edgegpu.io/gpu-index": "0", "edgegpu.io/gpu-uuid": "GPU-0000",
+                                  "edgegpu.io/assigned-at": "2026-12-02T10:00:00Z"},
+                     limits={"edgegpu.io/gpu-mem-block": "2"})  # fmt: skip
+        state = app.state.ctx.state
+        await eventually(lambda: state.allocations.get("uid-holder") is not None)
+        filt = args_names(pod("new", blocks=1), ["n1"])
+        assert (await client.post("/filter", json=filt)).json()["FailedNodes"] == {
+            "n1": "edgegpu: not enough free gpu-mem-blocks on one gpu"
+        }
+        assert state.allocations.expires_at("uid-holder") is None  # authoritative, no TTL
+        kube.delete("pods", "holder")
+        await eventually(lambda: state.allocations.get("uid-holder") is None)
+        assert (await client.post("/filter", json=filt)).json()["NodeNames"] == ["n1"]

@@ -1,0 +1,100 @@
+"""HTTPS as kube-scheduler's enableHTTPS + tlsConfig.caFile uses it, and the cluster flags."""
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> tuple[Path, Path]:
+    key, crt = tmp_path / "tls.key", tmp_path / "tls.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
+         "-out", str(crt), "-subj", "/CN=edgegpu-extender", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return crt, key
+
+
+def start(*args: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_extender", "--port", str(port), "--log-level", "warning", *args],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ},
+    )  # fmt: skip
+    return proc, port
+
+
+def wait_up(url: str, verify: object, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate()[1].decode())
+        try:
+            if httpx.get(url, verify=verify, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError("did not start")
+
+
+def test_the_extender_serves_https_that_a_scheduler_with_the_ca_accepts(cert):
+    crt, key = cert
+    proc, port = start("--tls-cert-file", str(crt), "--tls-key-file", str(key))
+    try:
+        ctx = ssl.create_default_context(cafile=str(crt))
+        wait_up(f"https://127.0.0.1:{port}/healthz", ctx, proc)
+        body = {"Pod": {"metadata": {"name": "p"}, "spec": {"containers": []}}, "NodeNames": ["a"]}
+        resp = httpx.post(f"https://127.0.0.1:{port}/filter", json=body, verify=ctx)
+        assert resp.status_code == 200 and resp.json()["NodeNames"] == ["a"]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"https://127.0.0.1:{port}/healthz", verify=ssl.create_default_context())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+
+
+def test_the_extender_runs_against_a_cluster_from_a_kubeconfig(kube, kubeconfig):
+    kube.add_node("n1", {"edgegpu.io/rack": "rack-z"})
+    proc, port = start("--kubeconfig", str(kubeconfig), "--namespace", "edgegpu-system")
+    try:
+        wait_up(f"http://127.0.0.1:{port}/readyz", None, proc)
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
+        assert ready["caches"] == {"nodes": True, "pods": True, "gpuschedulingpolicies": True}
+        deadline = time.monotonic() + 10
+        while (
+            kube.get("leases", "edgegpu-extender", "edgegpu-system") is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        assert kube.get("leases", "edgegpu-extender", "edgegpu-system") is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    lease = kube.get("leases", "edgegpu-extender", "edgegpu-system")
+    assert lease["spec"]["holderIdentity"] == ""  # released at shutdown
+
+
+def test_a_missing_kubeconfig_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler_extender", "--kubeconfig", str(tmp_path / "nope")],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "cannot load the cluster configuration" in proc.stderr and "Traceback" not in proc.stderr
