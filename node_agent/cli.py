@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["nvml", "simulated", "jetson"])
     p.add_argument("--extender-url", help="extender URL(s), comma-separated (every replica)")
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
+    p.add_argument(
+        "--resolve-all",
+        action="store_true",
+        default=None,
+        help="push to every address the extender host resolves to (a headless Service)",
+    )
     p.add_argument("--interval-s", type=float)
     p.add_argument("--once", action="store_true", help="one round, then exit")
     p.add_argument(
@@ -80,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
 def _settings(ns: argparse.Namespace) -> AgentSettings:
     given: dict[str, Any] = {}
     for key in (
-        "backend", "node_name", "interval_s", "metrics_port", "metrics_host", "dry_run",
-        "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
+        "backend", "node_name", "resolve_all", "interval_s", "metrics_port", "metrics_host",
+        "dry_run", "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
         "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
         "seed", "scenario", "scenario_after_s", "load_pct", "model", "proc_root", "dev_root",
         "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root",
@@ -135,7 +141,11 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0)) as client:
         pusher = (
             Pusher(
-                settings.extender_urls, client, clock=time.monotonic, token_file=settings.token_file
+                settings.extender_urls,
+                client,
+                clock=time.monotonic,
+                token_file=settings.token_file,
+                resolve_all=settings.resolve_all,
             )
             if settings.extender_urls
             else None

@@ -25,6 +25,9 @@ class AgentSettings(BaseSettings):
     extender_urls: list[str] = Field(
         default_factory=list, description="Every extender replica to push to (empty = do not push)."
     )
+    resolve_all: bool = Field(
+        False, description="Push to every address the URLs' hosts resolve to (headless Service)."
+    )
     interval_s: float = Field(5.0, gt=0, le=3600, description="Seconds between samples (5 s).")
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus port; 0 = off.")
     metrics_host: str = Field("0.0.0.0", description="Address the metrics server listens on.")

@@ -1,7 +1,9 @@
 """Telemetry push to every extender replica, with bounded exponential backoff and jitter.
 
-Each round sends the latest report; a replica in backoff is skipped, so when a link comes back
-it gets the newest state, never a backlog. Imports httpx and the standard library.
+Replicas are the URLs given, or, with ``resolve_all``, every address their host names resolve
+to (a headless Service's DNS name lists every extender pod). Each round sends the latest
+report; a replica in backoff is skipped, so when a link comes back it gets the newest state,
+never a backlog. Imports httpx and the standard library.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -24,8 +28,10 @@ PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
 @dataclass(slots=True)
 class _Target:
     base: str
-    """The extender URL as configured (results are keyed by it)."""
+    """The extender URL as configured, or ``URL@address`` for one resolved replica."""
     url: str
+    host: str | None = None
+    """Host header to send when ``url`` names an address instead of the configured host."""
     failures: int = 0
     next_at: float = 0.0
     last_error: str = ""
@@ -53,8 +59,12 @@ class Pusher:
         base_backoff_s: float = 1.0,
         max_backoff_s: float = 60.0,
         rng: random.Random | None = None,
+        resolve_all: bool = False,
     ) -> None:
+        self._urls = list(urls)
         self._targets = [_Target(u, u.rstrip("/") + "/v1/telemetry") for u in urls]
+        self._resolve_all = resolve_all
+        self._resolved: dict[str, _Target] = {}
         self._client = client
         self._clock = clock
         self._token_file = token_file
@@ -83,12 +93,47 @@ class Pusher:
                 headers["authorization"] = f"Bearer {token}"
         return headers
 
+    async def _replicas(self) -> list[_Target]:
+        """Every address each URL's host resolves to (a headless Service lists every replica).
+
+        Backoff is kept per address; an address that stops resolving is dropped, a new one
+        starts fresh. A name that does not resolve at all keeps its last addresses.
+        """
+        loop = asyncio.get_running_loop()
+        targets: list[_Target] = []
+        for base in self._urls:
+            parts = urlsplit(base)
+            host = parts.hostname or ""
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            mine = {k: t for k, t in self._resolved.items() if k.startswith(base + "@")}
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("cannot resolve %s: %s", host, exc)
+                targets += mine.values()
+                continue
+            addresses = sorted({str(info[4][0]) for info in infos})
+            for stale in set(mine) - {f"{base}@{a}" for a in addresses}:
+                del self._resolved[stale]
+            for address in addresses:
+                key = f"{base}@{address}"
+                if key not in self._resolved:
+                    shown = f"[{address}]" if ":" in address else address
+                    url = urlunsplit((parts.scheme, f"{shown}:{port}", parts.path, "", ""))
+                    self._resolved[key] = _Target(
+                        key, url.rstrip("/") + "/v1/telemetry", parts.netloc
+                    )
+                targets.append(self._resolved[key])
+        return targets
+
     async def _one(
         self, target: _Target, body: bytes, headers: dict[str, str]
     ) -> tuple[PushResult, frozenset[int]]:
         now = self._clock()
         if now < target.next_at:
             return "backoff", frozenset()
+        if target.host is not None:
+            headers = {**headers, "host": target.host}
         try:
             response = await self._client.post(target.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
@@ -128,11 +173,10 @@ class Pusher:
     async def push(self, body: bytes) -> PushOutcome:
         """Send one report body to every URL that is not backing off, concurrently."""
         headers = self._headers()
-        done = await asyncio.gather(*(self._one(t, body, headers) for t in self._targets))
+        targets = await self._replicas() if self._resolve_all else self._targets
+        done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
-        return PushOutcome(
-            {t.base: r for t, (r, _) in zip(self._targets, done, strict=True)}, boost
-        )
+        return PushOutcome({t.base: r for t, (r, _) in zip(targets, done, strict=True)}, boost)
 
 
 class FlappingLinkTransport(httpx.AsyncBaseTransport):

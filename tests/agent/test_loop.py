@@ -225,3 +225,20 @@ def _metrics_text(registry):
     from prometheus_client import generate_latest
 
     return "\n" + generate_latest(registry).decode()
+
+
+async def test_with_resolve_all_every_address_of_the_service_name_gets_the_report():
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers["host"]))
+        return httpx.Response(200, json={"accepted": True})
+
+    clock = Clock()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        pusher = Pusher(["http://localhost:8888"], client, clock=clock, resolve_all=True)
+        out = await pusher.push(b"{}")
+    assert set(out.results.values()) == {"ok"}
+    assert all(key.startswith("http://localhost:8888@") for key in out.results)
+    assert {host for _, host in seen} == {"localhost:8888"}  # the Host header stays the name
+    assert "127.0.0.1" in {addr for addr, _ in seen}
