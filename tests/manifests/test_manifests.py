@@ -1,0 +1,214 @@
+"""Every manifest is valid Kubernetes (kubernetes-validate's OpenAPI schemas, strict) and agrees
+with the code: routes, ports, resource names, policy fields, environment variables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from node_agent.config import AgentSettings
+from scheduler_extender.api.app import create_app
+from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCE
+from scheduler_extender.policy.document import parse_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+K8S_VERSION = "1.34.0"
+CUSTOM_KINDS = {
+    "GPUSchedulingPolicy",
+    "PrometheusRule",
+    "KubeSchedulerConfiguration",
+    "Kustomization",
+}
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(MANIFESTS.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((str(path.relative_to(MANIFESTS)), doc))
+    return out
+
+
+DOCS = documents()
+
+
+def by_kind(kind: str, name: str | None = None) -> dict[str, Any]:
+    return next(
+        d for _, d in DOCS if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    )
+
+
+@pytest.mark.parametrize(("path", "doc"), [p for p in DOCS if p[1]["kind"] not in CUSTOM_KINDS],
+                         ids=[f"{p}:{d['kind']}/{d['metadata']['name']}" for p, d in DOCS if d["kind"] not in CUSTOM_KINDS])  # fmt: skip
+def test_every_manifest_validates_against_the_kubernetes_schemas(path, doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_every_kustomization_lists_files_that_exist():
+    for path in MANIFESTS.rglob("kustomization.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        for res in doc.get("resources", []):
+            assert (path.parent / res).exists(), f"{path}: {res}"
+        for gen in doc.get("configMapGenerator", []):
+            for f in gen["files"]:
+                assert (path.parent / f).exists()
+    listed = {
+        r for r in yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    }
+    for path, doc in DOCS:
+        if not path.startswith("monitoring/") and doc["kind"] not in (
+            "Kustomization",
+            "KubeSchedulerConfiguration",
+        ):
+            assert path in listed, f"{path} is not in manifests/kustomization.yaml"
+
+
+def test_the_default_policy_is_the_seed_and_validates_against_the_crd_and_the_code():
+    crd = by_kind("CustomResourceDefinition")
+    assert (
+        crd["spec"]["group"],
+        crd["spec"]["names"]["kind"],
+        crd["spec"]["versions"][0]["name"],
+    ) == ("kepler.io", "GPUSchedulingPolicy", "v1")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    policy = by_kind("GPUSchedulingPolicy")
+    # The CRD is OpenAPI v3.0, whose keywords (boolean exclusiveMinimum) are JSON Schema draft 4's.
+    jsonschema.Draft4Validator(schema).validate(policy)
+    parsed = parse_policy(policy)
+    assert (
+        parsed.spec.thermal_throttling.max_temp_c == 85
+        and parsed.spec.thermal_throttling.cool_down_s == 300
+    )
+    # Every field the code accepts is in the CRD schema, and no other (the CRD would prune it).
+    spec_schema = schema["properties"]["spec"]["properties"]
+    described = parsed.describe()["spec"]
+    for section, fields in described.items():
+        assert section in spec_schema, section
+        if "properties" in spec_schema[section] and isinstance(fields, dict):
+            assert set(fields) <= set(spec_schema[section]["properties"]), section
+
+
+def test_the_scheduler_config_matches_the_extender_routes_and_resources():
+    config = yaml.safe_load((MANIFESTS / "scheduler/kube-scheduler-config.yaml").read_text())
+    cm = by_kind("ConfigMap", "edgegpu-scheduler-config")
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == config
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    (ext,) = config["extenders"]
+    app = create_app()
+    paths = set(app.openapi()["paths"])
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
+        assert f"/{ext[verb]}" in paths
+    assert ext["weight"] > 0 and ext["nodeCacheCapable"] is True
+    assert ext["httpTimeout"].endswith("s")
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert managed == {MEM_BLOCK_RESOURCE: True, WHOLE_GPU_RESOURCE: False}
+    service = by_kind("Service", "edgegpu-extender")
+    host, port = ext["urlPrefix"].removeprefix("http://").split(":")
+    assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert int(port) == service["spec"]["ports"][0]["port"]
+    assert config["profiles"][0]["schedulerName"] == "edgegpu-scheduler"
+
+
+def _env_names(container: dict[str, Any]) -> set[str]:
+    return {e["name"] for e in container.get("env", [])}
+
+
+def test_the_extender_deployment_agrees_with_its_settings_and_routes():
+    dep = by_kind("Deployment", "edgegpu-extender")
+    assert dep["spec"]["replicas"] >= 2
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    fields = set(ExtenderSettings.model_fields)
+    for name in _env_names(c):
+        assert name.startswith("EDGEGPU_") and name.removeprefix("EDGEGPU_").lower() in fields, name
+    port = c["ports"][0]["containerPort"]
+    assert c["args"][c["args"].index("--port") + 1] == str(port)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    paths = set(create_app().openapi()["paths"])
+    assert {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]} <= paths
+    for svc in ("edgegpu-extender", "edgegpu-extender-headless"):
+        s = by_kind("Service", svc)
+        assert s["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+        assert s["spec"]["ports"][0]["targetPort"] == c["ports"][0]["name"]
+    assert by_kind("Service", "edgegpu-extender-headless")["spec"]["clusterIP"] == "None"
+    assert (
+        pod["serviceAccountName"]
+        == by_kind("ServiceAccount", "edgegpu-extender")["metadata"]["name"]
+    )
+
+
+def test_the_extender_role_allows_what_the_code_calls_and_nothing_broader():
+    rules = by_kind("ClusterRole", "edgegpu-extender")["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    needed = {("nodes", "watch"), ("pods", "watch"), ("pods", "patch"), ("pods/binding", "create"),
+              ("pods/eviction", "create"), ("tokenreviews", "create"), ("gpuschedulingpolicies", "watch"),
+              ("gpuschedulingpolicies/status", "patch")}  # fmt: skip
+    assert needed <= granted
+    assert all("*" not in rule["verbs"] and "*" not in rule["resources"] for rule in rules)
+    assert not any(v in ("delete", "deletecollection") for _, v in granted)
+    lease = by_kind("Role", "edgegpu-extender-leader")["rules"][0]
+    assert lease["resources"] == ["leases"]
+
+
+def test_the_node_agent_daemonset_is_the_seed_shape_and_agrees_with_the_agent():
+    ds = by_kind("DaemonSet", "edgegpu-node-agent")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"accelerator": "nvidia-tesla"}
+    assert {"operator": "Exists"} in pod["tolerations"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    fields = set(AgentSettings.model_fields)
+    for name in env:
+        if name != "NODE_NAME":
+            assert name.removeprefix("EDGEGPU_AGENT_").lower() in fields, name
+    args = dict(
+        a.removeprefix("--").split("=", 1) if "=" in a else (a.removeprefix("--"), "true")
+        for a in c["args"]
+    )
+    for flag in args:
+        assert flag.replace("-", "_") in fields | {"extender_url"}, flag
+    assert args["metrics-port"] == str(c["ports"][0]["containerPort"]) == "9400"
+    assert "edgegpu-extender-headless" in args["extender-url"]
+    token_mount = next(m for m in c["volumeMounts"] if m["name"] == "token")
+    assert args["token-file"].startswith(token_mount["mountPath"])
+    projected = next(v for v in pod["volumes"] if v["name"] == "token")["projected"]["sources"][0]
+    assert "serviceAccountToken" in projected
+    assert pod["serviceAccountName"] == "edgegpu-node-agent"
+    extender = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    ext_env = {e["name"]: e.get("value") for e in extender["env"]}
+    assert ext_env["EDGEGPU_AGENT_SERVICE_ACCOUNT"] == pod["serviceAccountName"]
+    assert ext_env["EDGEGPU_AGENT_NAMESPACE"] == ds["metadata"]["namespace"]
+
+
+def test_the_alerts_use_metrics_the_agent_and_extender_export():
+    rule = by_kind("PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts["GPUHighTemperature"]["expr"].startswith("node_gpu_temperature_celsius")
+    from node_agent import exporter
+
+    agent_names = {name for name, *_ in exporter._GAUGES} | {
+        "node_gpu_health", "node_gpu_cuda_context_success_ratio", "node_gpu_thermal_cap_watts", "node_gpu_power_saving_active",
+    }  # fmt: skip
+    extender_names = {"edgegpu_extender_telemetry_stale", "edgegpu_extender_request_errors_total"}
+    for r in alerts.values():
+        metrics = re.findall(r"\b(?:node_gpu|edgegpu)_[a-z_]+", r["expr"])
+        assert metrics and set(metrics) <= agent_names | extender_names, (r["alert"], metrics)
+    dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for name in ("node_gpu_temperature_celsius", "node_gpu_power_watts", "node_gpu_power_limit_watts", "node_gpu_sm_clock_hertz",
+                 "node_gpu_utilization_ratio", "node_gpu_memory_used_bytes", "node_gpu_health"):  # fmt: skip
+        assert name in exprs
