@@ -304,6 +304,9 @@ class FakeKube:
             self.rv += 1  # a revision of its own, as etcd's compaction has
             self.compacted_rv = self.rv
             self.history.clear()
+            for w in self._watches:  # open watches end with the history they read from
+                w.stop.set()
+            self.cond.notify_all()
 
     def drop_watches(self) -> None:
         """End every open watch stream, as an API server restart or a load balancer would."""
@@ -428,10 +431,14 @@ class FakeKube:
                         self.cond.wait(timeout=0.1)
                         pending = [e for e in self.history if e[0] > start and e[1] == plural]
                     current = self.rv
+                    if watch.stop.is_set():
+                        break  # dropped or compacted: deliver nothing more on this stream
                 for rv, _, kind, obj in pending:
                     start = rv
                     if wanted(obj):
                         emit({"type": kind, "object": obj})
+                if watch.stop.is_set():
+                    break
                 if bookmarks and time.monotonic() - last_bookmark >= self.bookmark_interval_s:
                     last_bookmark = time.monotonic()
                     start = max(start, current)

@@ -112,15 +112,45 @@ async def test_a_dropped_watch_resumes_and_an_expired_one_relists(kube, kubeconf
         async def is_r(rack):
             return await rack_of(client, "n1") == rack
 
+        nodes = next(r for r in app.state.ctx.sync.reflectors if r.name == "nodes")
         await eventually(lambda: is_r("r2"))
-        assert gone() == 0  # resumed from its resourceVersion: no 410, no relist for it
-        kube.compact()
-        kube.drop_watches()
+        assert gone() == 0  # resumed from its resourceVersion: no 410
+        lists = nodes.relists
+        kube.compact()  # history gone, open watches end: resuming gets 410, so it lists again
         kube.add_node("n1", {"edgegpu.io/rack": "r3"})
         await eventually(lambda: is_r("r3"))
-        await eventually(lambda: gone() >= 1)
+        await eventually(lambda: nodes.relists > lists)
         text = (await client.get("/metrics")).text
-        assert 'edgegpu_extender_watch_restarts_total{resource="nodes",why="gone"}' in text
+        assert "edgegpu_extender_watch_restarts_total" in text
+
+
+def test_a_410_during_the_watch_makes_the_reflector_list_again():
+    import threading
+
+    from scheduler_extender.k8s.client import Gone
+    from scheduler_extender.k8s.watchers import Reflector
+
+    lists, events, whys = [], [], []
+    done = threading.Event()
+
+    def lister():
+        lists.append(1)
+        return [{"metadata": {"name": f"n{len(lists)}"}}], str(len(lists))
+
+    def watcher(rv, timeout):
+        if rv == "1":
+            yield {"type": "ADDED", "object": {"metadata": {"name": "x", "resourceVersion": "2"}}}
+            raise Gone(410, "too old")
+        done.set()
+        yield from ()
+
+    r = Reflector("nodes", lister, watcher, lambda items: events.append(("replace", len(items))),
+                  lambda kind, obj: events.append((kind, obj["metadata"]["name"])), on_restart=whys.append)  # fmt: skip
+    r.start()
+    assert done.wait(5)
+    r.stop()
+    assert len(lists) >= 2 and whys[0] == "gone"
+    assert events[:3] == [("replace", 1), ("ADDED", "x"), ("replace", 1)]
 
 
 async def test_a_deleted_node_is_forgotten(kube, kubeconfig):
