@@ -187,3 +187,25 @@ def test_a_silent_holder_loses_the_lease_after_its_duration(kubeconfig):
     now[0] = 10.5  # b has seen the same renewTime for longer than the lease duration
     assert b.try_acquire_or_renew() is True
     assert a.try_acquire_or_renew() is False
+
+
+def test_eviction_honours_pod_disruption_budgets(kube, kubeconfig):
+    import pytest
+
+    from scheduler_extender.k8s.client import KubeError
+
+    api = make_api(kubeconfig)
+    kube.add_pod("web-0", labels={"app": "web"})
+    kube.add_pod("batch-0", labels={"app": "batch"})
+    kube.put("poddisruptionbudgets", {"metadata": {"name": "web", "namespace": "default"},
+                                      "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                                      "status": {"disruptionsAllowed": 0}})  # fmt: skip
+    with pytest.raises(KubeError) as info:
+        api.evict_pod("default", "web-0")
+    assert info.value.status == 429 and "disruption budget" in str(info.value)
+    assert kube.get("pods", "web-0") is not None
+    api.evict_pod("default", "batch-0")
+    assert kube.get("pods", "batch-0") is None
+    with pytest.raises(KubeError) as gone:
+        api.evict_pod("default", "batch-0")
+    assert gone.value.status == 404
