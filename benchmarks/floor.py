@@ -56,7 +56,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": out})
 
 
-def main() -> None:
+def serve(asgi_app: Any) -> None:
+    """Run an ASGI app on 127.0.0.1:--port exactly as the extender runs (uvicorn, GC tuning)."""
     import uvicorn
 
     from scheduler_extender.cli import tune_gc, uvicorn_options
@@ -65,7 +66,11 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
     tune_gc()
-    uvicorn.run(app, host="127.0.0.1", port=args.port, **uvicorn_options())
+    uvicorn.run(asgi_app, host="127.0.0.1", port=args.port, **uvicorn_options())
+
+
+def main() -> None:
+    serve(app)
 
 
 if __name__ == "__main__":

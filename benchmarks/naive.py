@@ -5,7 +5,6 @@ the same rules (thermal with cool-down, health, one-GPU memory blocks, staleness
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -124,15 +123,9 @@ def healthz() -> dict[str, str]:
 
 
 def main() -> None:
-    import uvicorn
+    from benchmarks.floor import serve
 
-    from scheduler_extender.cli import tune_gc, uvicorn_options
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
-    args = p.parse_args()
-    tune_gc()
-    uvicorn.run(app, host="127.0.0.1", port=args.port, **uvicorn_options())
+    serve(app)
 
 
 if __name__ == "__main__":
