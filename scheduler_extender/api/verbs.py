@@ -122,8 +122,10 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
             return wire.encode_preemption_result(args.victims)
         names = list(args.victims)
         state = ctx.state
-        ev = state.evaluate(names, demand)
+        state.expire()
         batch = state.batch(names)
+        context = state.context(demand)
+        ev = evaluate(batch, demand, state.policy, context)
         kept: dict[str, wire.Victims] = {}
         for i, node in enumerate(names):
             victims = args.victims[node]
@@ -147,16 +149,11 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
                         whole[0, g] = False
                     else:
                         allocated[0, g] = max(allocated[0, g] - a.mem_blocks, 0)
-            single = state.table.gather(
-                state.table.rows([node]),
-                state.clock.monotonic(),
-                state.policy.spec.thermal_throttling,
-            )
             after = evaluate(
-                dataclasses.replace(single, allocated_blocks=allocated, whole_taken=whole),
+                dataclasses.replace(batch.row(i), allocated_blocks=allocated, whole_taken=whole),
                 demand,
                 state.policy,
-                state.context(demand),
+                context,
             )
             if after.passed[0]:
                 kept[node] = victims

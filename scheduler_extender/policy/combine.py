@@ -6,6 +6,7 @@ Imports numpy, ``domain`` and the rule modules only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,12 @@ class NodeBatch:
     def size(self) -> int:
         """Number of nodes."""
         return int(self.known.shape[0])
+
+    def row(self, i: int) -> NodeBatch:
+        """A batch of the one node at position ``i``."""
+        return NodeBatch(
+            **{f.name: getattr(self, f.name)[i : i + 1] for f in dataclasses.fields(self)}
+        )
 
 
 @dataclass(frozen=True, slots=True)
