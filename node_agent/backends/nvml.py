@@ -76,6 +76,7 @@ class NvmlBackend:
         self._handles: list[Any] = []
         self._events: Any = None
         self._xid_capable: set[int] = set()
+        self._limits: dict[int, PowerLimits | None] = {}
         self._opened = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -271,15 +272,23 @@ class NvmlBackend:
         )
 
     def power_limits(self, index: int) -> PowerLimits | None:
-        """Allowed range and default (W)."""
+        """Allowed range and default (W), read once per GPU: they are fixed by the board."""
+        if index in self._limits:
+            return self._limits[index]
         nv = self._nv
         h = self._handles[index]
         try:
             lo, hi = nv.nvmlDeviceGetPowerManagementLimitConstraints(h)
             default = nv.nvmlDeviceGetPowerManagementDefaultLimit(h)
-        except nv.NVMLError:
-            return None
-        return PowerLimits(min_w=lo / 1000.0, max_w=hi / 1000.0, default_w=default / 1000.0)
+            limits: PowerLimits | None = PowerLimits(
+                min_w=lo / 1000.0, max_w=hi / 1000.0, default_w=default / 1000.0
+            )
+        except nv.NVMLError as exc:
+            if exc.value in _LOST_CODES:
+                return None  # a lost GPU may answer again later: do not remember this
+            limits = None
+        self._limits[index] = limits
+        return limits
 
     def _set(self, fn: Callable[..., Any], *args: Any) -> None:
         nv = self._nv
