@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_extender.domain import Health, PodDemand
-from scheduler_extender.policy import memory, power, thermal, topology
+from scheduler_extender.policy import fragmentation, memory, power, thermal, topology
 from scheduler_extender.policy.base import MAX_SCORE, Reason
 from scheduler_extender.policy.document import Policy
 from scheduler_extender.policy.qos import TERMS
@@ -79,6 +79,8 @@ class Context:
     """Racks where pods of the pod's group already run."""
     rack_free: FloatArray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     """Free capacity per rack id, for placing a new group."""
+    mix: fragmentation.DemandMix = fragmentation.EMPTY_MIX
+    """The learned shape mix, for fragmentation scoring."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,13 @@ def demand_weights(demand: PodDemand, policy: Policy) -> tuple[float, ...]:
     return weights
 
 
-def gpu_verdict(batch: NodeBatch, demand: PodDemand, policy: Policy, now: float) -> GpuVerdict:
+def gpu_verdict(
+    batch: NodeBatch,
+    demand: PodDemand,
+    policy: Policy,
+    now: float,
+    mix: fragmentation.DemandMix = fragmentation.EMPTY_MIX,
+) -> GpuVerdict:
     """Filter each node on its GPUs and score the GPUs bind would choose.
 
     A node fits when it has at least ``demand.gpu_count`` usable GPU slots: present, not
@@ -140,6 +148,9 @@ def gpu_verdict(batch: NodeBatch, demand: PodDemand, policy: Policy, now: float)
     best-scoring usable ones (ties go to the lowest index):
 
         gpu_sum = Σ_t w_t · term_t  over thermal, power, memoryFit, powerSaving, health
+
+    With ``spec.fragmentation`` on and a learned shape ``mix``, memoryFit of packing classes
+    and of whole-GPU requests is the fragmentation score instead of best fit.
     """
     spec = policy.spec
     g = batch.present.shape[1]
@@ -197,9 +208,7 @@ def gpu_verdict(batch: NodeBatch, demand: PodDemand, policy: Policy, now: float)
         [
             thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
             power.headroom_score(batch.power_w, batch.power_limit_w),
-            memory.fit_score(
-                free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
-            ),
+            _fit(batch, demand, policy, mix, free, capacity, usable),
             power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
             (batch.health == Health.HEALTHY).astype(np.float64),
         ],
@@ -221,6 +230,32 @@ def gpu_verdict(batch: NodeBatch, demand: PodDemand, policy: Policy, now: float)
         gpus=np.where(fits[:, None], choice, -1),
         terms=chosen,
         valid_until=np.where(np.isfinite(pending), pending, np.inf).min(axis=1),
+    )
+
+
+def _fit(
+    batch: NodeBatch,
+    demand: PodDemand,
+    policy: Policy,
+    mix: fragmentation.DemandMix,
+    free: IntArray,
+    capacity: IntArray,
+    usable: BoolArray,
+) -> FloatArray:
+    """The memoryFit term per GPU: fragmentation score where it applies, else best fit."""
+    args = policy.spec.fragmentation
+    if args.enabled and not mix.empty and (demand.qos.packs or demand.needs_whole_gpu):
+        idle = memory.is_idle(
+            batch.unaccounted_used_mib,
+            batch.allocated_blocks,
+            batch.whole_taken,
+            policy.spec.memory,
+        )
+        idle &= batch.present
+        room = np.where(batch.whole_taken | ~batch.present, 0, free)
+        return fragmentation.score(room, idle, capacity, usable, demand, mix, args)
+    return memory.fit_score(
+        free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
     )
 
 
@@ -294,7 +329,7 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
             terms=np.zeros((n, len(TERMS))),
             weights=weights,
         )
-    verdict = gpu_verdict(batch, demand, policy, ctx.now)
+    verdict = gpu_verdict(batch, demand, policy, ctx.now, ctx.mix)
     topo = topology_term(batch.rack, batch.rdma, demand, policy, ctx)
     stale = is_stale(batch.known, batch.age_s, batch.interval_s, policy)
     passed, reason, score, points = finish(

@@ -14,6 +14,7 @@ from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND
 from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.fragmentation import FragmentationArgs
 from scheduler_extender.policy.memory import MemoryArgs
 from scheduler_extender.policy.power import PowerArgs
 from scheduler_extender.policy.qos import QosArgs, TermWeights
@@ -34,6 +35,7 @@ class PolicySpec(ArgsModel):
         description="Multipliers applied on top of every class's weights.",
     )
     memory: MemoryArgs = Field(default_factory=MemoryArgs)
+    fragmentation: FragmentationArgs = Field(default_factory=FragmentationArgs)
     stale_telemetry: StaleArgs = Field(default_factory=StaleArgs, alias="staleTelemetry")
     topology: TopologyArgs = Field(default_factory=TopologyArgs)
     remediation: RemediationArgs = Field(default_factory=RemediationArgs)

@@ -28,6 +28,7 @@ from scheduler_extender.policy.combine import (
     topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
+from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decisions import NameSet, NameSets, VerdictCache
 from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
@@ -61,6 +62,8 @@ class ClusterState:
         self._node_labels: dict[str, Mapping[str, str]] = {}
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._verdicts = VerdictCache()
+        self._mix = MixLearner(policy.spec.fragmentation)
+        self._observed: OrderedDict[str, None] = OrderedDict()
         self._namesets = NameSets()
 
     # -- inputs -----------------------------------------------------------------------------
@@ -68,6 +71,9 @@ class ClusterState:
         """Put a new policy in force; rows are rewritten (rack label or thresholds may differ)."""
         self.policy = policy
         self._verdicts.clear()
+        if policy.spec.fragmentation != self._mix.args:
+            self._mix = MixLearner(policy.spec.fragmentation)
+            self._observed.clear()
         for node in self.store.nodes():
             self._write_node(node)
 
@@ -102,6 +108,20 @@ class ClusterState:
         self._demands.move_to_end(demand.uid)
         while len(self._demands) > DEMAND_CACHE_SIZE:
             self._demands.popitem(last=False)
+
+    def observe_demand(self, demand: PodDemand) -> None:
+        """Count a pod's GPU request in the shape mix once, however often it is asked about."""
+        if not self.policy.spec.fragmentation.enabled or demand.uid in self._observed:
+            return
+        self._observed[demand.uid] = None
+        while len(self._observed) > DEMAND_CACHE_SIZE:
+            self._observed.popitem(last=False)
+        self._mix.observe(demand)
+
+    @property
+    def mix(self) -> DemandMix:
+        """The shape mix in force (empty until fragmentation scoring has seen requests)."""
+        return self._mix.mix
 
     def demand_of(self, pod_uid: str) -> PodDemand | None:
         """What a pod asked for at its last filter or prioritize."""
@@ -176,7 +196,8 @@ class ClusterState:
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         policy = self.policy
-        reason, gpu_sum = self._verdicts.lookup(self.table, rows, demand, policy, now)
+        self.observe_demand(demand)
+        reason, gpu_sum = self._verdicts.lookup(self.table, rows, demand, policy, now, self.mix)
         col = self.table.column
         known = col("known")[rows]
         stale = is_stale(known, now - col("received_at")[rows], col("interval_s")[rows], policy)
@@ -194,14 +215,16 @@ class ClusterState:
         """The time, plus where the pod's group runs and how much room each rack has."""
         now = self.clock.monotonic()
         if demand.group is None:
-            return Context(now=now)
+            return Context(now=now, mix=self.mix)
         racks = {
             self.table.column("rack")[row]
             for node in self.allocations.nodes_of_group(demand.group)
             if (row := self.table.row(node)) is not None
         }
         group_racks = np.array(sorted(r for r in racks if r >= 0), dtype=np.int64)
-        return Context(now=now, group_racks=group_racks, rack_free=self._rack_free(demand))
+        return Context(
+            now=now, group_racks=group_racks, rack_free=self._rack_free(demand), mix=self.mix
+        )
 
     def evaluate(
         self,

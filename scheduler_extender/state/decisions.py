@@ -19,6 +19,7 @@ import orjson
 from scheduler_extender.domain import PodDemand
 from scheduler_extender.policy.combine import gpu_verdict
 from scheduler_extender.policy.document import Policy
+from scheduler_extender.policy.fragmentation import EMPTY_MIX, DemandMix
 from scheduler_extender.state.table import NodeTable
 
 IntArray = npt.NDArray[np.int64]
@@ -67,6 +68,7 @@ class VerdictCache:
     def __init__(self, max_shapes: int = 256) -> None:
         self._shapes: OrderedDict[DemandKey, _Verdicts] = OrderedDict()
         self._max = max_shapes
+        self._mix_version = 0
         self.recomputed_rows = 0
         """Rows recomputed so far (for tests and benchmarks)."""
 
@@ -75,9 +77,21 @@ class VerdictCache:
         self._shapes.clear()
 
     def lookup(
-        self, table: NodeTable, rows: IntArray, demand: PodDemand, policy: Policy, now: float
+        self,
+        table: NodeTable,
+        rows: IntArray,
+        demand: PodDemand,
+        policy: Policy,
+        now: float,
+        mix: DemandMix = EMPTY_MIX,
     ) -> tuple[IntArray, FloatArray]:
-        """(reason, gpu_sum) of each row for this demand, recomputing rows that changed."""
+        """(reason, gpu_sum) of each row for this demand, recomputing rows that changed.
+
+        A new snapshot of the shape mix (fragmentation scoring) makes every verdict stale.
+        """
+        if mix.version != self._mix_version:
+            self._shapes.clear()
+            self._mix_version = mix.version
         key = demand_key(demand)
         entry = self._shapes.get(key)
         if entry is None:
@@ -93,7 +107,7 @@ class VerdictCache:
         if dirty.any():
             todo = np.unique(rows[dirty])
             batch = table.gather(todo, now, policy.spec.thermal_throttling)
-            verdict = gpu_verdict(batch, demand, policy, now)
+            verdict = gpu_verdict(batch, demand, policy, now, mix)
             entry.reason[todo] = verdict.reason
             entry.gpu_sum[todo] = verdict.gpu_sum
             entry.valid_until[todo] = verdict.valid_until

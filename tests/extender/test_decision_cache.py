@@ -129,3 +129,26 @@ async def test_the_answer_is_the_same_however_the_request_is_spelled(client):
         answers.append((f, sorted((h["Host"], h["Score"]) for h in p)))
     assert all(a == answers[0] for a in answers)
     assert answers[0][0]["NodeNames"] == ["n0", "n2"]
+
+
+def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_changes(clock):
+    from scheduler_extender.policy.document import parse_policy
+
+    _, state, rng = fleet(clock, nodes=30, seed=3)
+    state.set_policy(
+        parse_policy({"spec": {"fragmentation": {"enabled": True, "refreshEvery": 2}}})
+    )
+    names = [f"n{i}" for i in range(30)]
+    versions = set()
+    for i in range(8):
+        spec = pod(
+            f"p{i}",
+            blocks=rng.choice([1, 2, 3]) if i % 3 else None,
+            whole=1 if i % 3 == 0 else None,
+        )
+        demand = pod_demand(spec, state.policy.spec.qos)
+        a = state.decide(names, demand)
+        b = state.evaluate(names, demand)
+        assert (a.passed == b.passed).all() and (a.points == b.points).all()
+        versions.add(state.mix.version)
+    assert len(versions) >= 3 and not state.mix.empty
