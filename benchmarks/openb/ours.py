@@ -1,0 +1,162 @@
+"""Our policy in the replay, through the extender's own verdict functions.
+
+Each GPU of the trace becomes a GPU of 1000 one-MiB blocks, so a pod's ``gpu_milli`` is its
+block request; a whole-GPU pod asks for ``num_gpu`` whole GPUs. Telemetry is the same on every
+GPU (the replay has no temperatures), so thermal, power and health do not tell nodes apart.
+kube-scheduler's own CPU and memory fit and the pod's GPU model constraint are the replay's
+filter; the extender filters on GPUs (``gpu_verdict``), scores (``finish``) and chooses the
+GPUs bind gives (``GpuVerdict.gpus``).
+
+Two modes: ``protocol`` picks by the integer 0..10 points /prioritize answers (ties as the
+replay breaks them); ``ideal`` by the full-precision score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import yaml
+
+from benchmarks.openb.replay import Chooser, Cluster, pick
+from benchmarks.openb.trace import MAX_GPUS, MILLI, Pods, Shape
+from scheduler_extender.domain import Health, PodDemand, QosClass
+from scheduler_extender.policy.combine import NodeBatch, finish, gpu_verdict
+from scheduler_extender.policy.document import Policy, parse_policy
+from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+POLICY_FILE = Path(__file__).with_name("policy.yaml")
+"""The GPUSchedulingPolicy the replay runs (one MiB per block so milli-GPU maps exactly)."""
+NOW = 1_000.0
+
+
+def load_policy(path: Path = POLICY_FILE) -> Policy:
+    """The replay's policy document."""
+    return parse_policy(yaml.safe_load(path.read_text()))
+
+
+def demand_of(shape: Shape, qos: QosClass, uid: str) -> PodDemand:
+    """The extender's view of a pod: blocks on one GPU, or whole GPUs."""
+    if shape.sharing:
+        return PodDemand(uid=uid, namespace="openb", name=uid, qos=qos, mem_blocks=shape.milli)
+    return PodDemand(
+        uid=uid,
+        namespace="openb",
+        name=uid,
+        qos=qos,
+        whole_gpus=shape.num if shape.wants_gpu else 0,
+    )
+
+
+def node_batch(cluster: Cluster, rows: IntArray) -> NodeBatch:
+    """What the node agents would report for these rows, plus the extender's allocations."""
+    n = rows.size
+    present = np.arange(MAX_GPUS)[None, :] < cluster.nodes.gpus[rows][:, None]
+    free = cluster.gpu[rows]
+    full = (n, MAX_GPUS)
+    return NodeBatch(
+        known=np.ones(n, dtype=np.bool_),
+        age_s=np.zeros(n),
+        interval_s=np.full(n, 10.0),
+        driver_ok=np.ones(n, dtype=np.bool_),
+        present=present,
+        health=np.full(full, Health.HEALTHY, dtype=np.int8),
+        temperature_c=np.where(present, 50.0, np.nan),
+        power_w=np.where(present, 100.0, np.nan),
+        power_limit_w=np.where(present, 300.0, np.nan),
+        utilization_pct=np.where(present, 0.0, np.nan),
+        memory_total_mib=np.where(present, float(MILLI), np.nan),
+        unaccounted_used_mib=np.where(present, 0.0, np.nan),
+        excluded_until=np.full(full, -np.inf),
+        allocated_blocks=np.where(present, MILLI - free, 0).astype(np.int64),
+        whole_taken=np.zeros(full, dtype=np.bool_),
+        rack=np.full(n, -1, dtype=np.int64),
+        rdma=np.zeros(n, dtype=np.bool_),
+    )
+
+
+@dataclass(slots=True)
+class _Cached:
+    version: IntArray
+    mix_version: int
+    reason: IntArray
+    gpu_sum: FloatArray
+    gpus: IntArray
+
+
+class Ours:
+    """A replay chooser backed by ``gpu_verdict`` and ``finish`` with a learned shape mix."""
+
+    def __init__(self, pods: Pods, policy: Policy, mode: str, qos_aware: bool = False) -> None:
+        if mode not in ("protocol", "ideal"):
+            raise ValueError(f"mode must be protocol or ideal, not {mode!r}")
+        self.pods = pods
+        self.policy = policy
+        self.mode = mode
+        self.qos_aware = qos_aware
+        self.seconds = 0.0
+        self.calls = 0
+
+    def chooser(self, rng: np.random.Generator, priority: IntArray) -> Chooser:
+        """A fresh decision function for one run (its own learner and verdict cache)."""
+        del rng
+        learner = MixLearner(self.policy.spec.fragmentation)
+        cache: dict[tuple[int, int, int], _Cached] = {}
+        default = self.policy.spec.qos.default_class
+
+        def decide(
+            cluster: Cluster, rows: IntArray, shape: Shape, pod: int
+        ) -> tuple[int, IntArray] | None:
+            qos = self.pods.qos[pod] if self.qos_aware else default
+            demand = demand_of(shape, qos, f"p{pod}")
+            if not demand.wants_gpu:
+                # kube-scheduler asks the extender about GPU pods only; the rest score 0.
+                return pick(np.zeros(rows.size), rows, priority), np.array([-1])
+            learner.observe(demand)
+            key = (int(demand.qos), demand.mem_blocks, demand.whole_gpus)
+            mix: DemandMix = learner.mix
+            entry = cache.get(key)
+            size = cluster.nodes.size
+            if entry is None or entry.mix_version != mix.version:
+                k = max(demand.gpu_count, 1)
+                entry = _Cached(
+                    version=np.full(size, -1, dtype=np.int64),
+                    mix_version=mix.version,
+                    reason=np.zeros(size, dtype=np.int64),
+                    gpu_sum=np.zeros(size),
+                    gpus=np.full((size, k), -1, dtype=np.int64),
+                )
+                cache[key] = entry
+            todo = rows[entry.version[rows] != cluster.version[rows]]
+            if todo.size:
+                verdict = gpu_verdict(node_batch(cluster, todo), demand, self.policy, NOW, mix)
+                entry.reason[todo] = verdict.reason
+                entry.gpu_sum[todo] = verdict.gpu_sum
+                entry.gpus[todo] = verdict.gpus
+                entry.version[todo] = cluster.version[todo]
+            n = rows.size
+            known = np.ones(n, dtype=np.bool_)
+            passed, _, score, points = finish(
+                entry.reason[rows],
+                entry.gpu_sum[rows],
+                known,
+                np.zeros(n, dtype=np.bool_),
+                np.zeros(n),
+                demand,
+                self.policy,
+            )
+            if not passed.any():
+                return None
+            ok = rows[passed]
+            by = points[passed].astype(np.float64) if self.mode == "protocol" else score[passed]
+            node = pick(by, ok, priority)
+            return node, entry.gpus[node]
+
+        return decide
+
+
