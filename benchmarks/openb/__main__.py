@@ -80,16 +80,32 @@ def seeds_arg(text: str) -> list[int]:
 
 
 def plot(
-    results: dict[str, dict[str, Any]], curves: dict[str, list[list[Any]]], path: Path
+    results: dict[str, dict[str, Any]],
+    curves: dict[str, list[list[Any]]],
+    path: Path,
+    fgd_published: dict[str, list[float]],
 ) -> None:
-    """Bars per trace (mean ± sd) and the default trace's unallocated-vs-arrived curve."""
+    """Bars per trace (mean ± sd, FGD's published runs beside ours) and the default curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     traces = list(results)
-    pols = [p for p in POLICIES if any(p in results[t] for t in traces)]
+    results = {
+        t: {
+            **per,
+            "FGD (published)": {
+                "mean": statistics.fmean(fgd_published[t]),
+                "sd": statistics.stdev(fgd_published[t]),
+            },
+        }
+        if t in fgd_published and "fgd" not in per
+        else per
+        for t, per in results.items()
+    }
+    names = [*POLICIES, "FGD (published)"]
+    pols = [p for p in names if any(p in results[t] for t in traces)]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(traces) + 4), 9))
     width = 0.8 / max(len(pols), 1)
     for i, p in enumerate(pols):
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
     if args.png:
-        plot(summary, curves, args.png)
+        plot(summary, curves, args.png, {t: v["fgd"] for t, v in pub.items() if "fgd" in v})
     return 0
 
 

@@ -158,5 +158,3 @@ class Ours:
             return node, entry.gpus[node]
 
         return decide
-
-
