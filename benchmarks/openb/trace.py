@@ -197,16 +197,21 @@ def trace_path(trace: str) -> Path:
 
 
 def load_pods(path: Path) -> Pods:
-    """A pod list, sorted by name. ``gpu_spec`` lists accepted models joined by ``|``."""
+    """A pod list, sorted by name. ``gpu_spec`` lists accepted models joined by ``|``.
+
+    A file without ``gpu_spec`` accepts any model; without ``qos`` every pod is LS.
+    """
     rows = sorted(_rows(path), key=lambda r: r["name"])
     specs: dict[frozenset[str], int] = {frozenset(): 0}
     spec_ids = []
     for r in rows:
-        accepted = frozenset(m for m in r["gpu_spec"].split("|") if m)
+        accepted = frozenset(m for m in (r.get("gpu_spec") or "").split("|") if m)
         spec_ids.append(specs.setdefault(accepted, len(specs)))
     num_gpu = np.array([int(r["num_gpu"]) for r in rows], dtype=np.int64)
     milli = np.array([int(r["gpu_milli"]) for r in rows], dtype=np.int64)
     milli = np.where(num_gpu > 0, milli, 0)
+    for r in rows:  # the multigpu traces have neither gpu_spec nor qos
+        r.setdefault("qos", "LS")
     unknown = sorted({r["qos"] for r in rows} - QOS_CLASSES.keys())
     if unknown:
         raise ValueError(f"{path.name}: unknown qos values {unknown}")

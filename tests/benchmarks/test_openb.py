@@ -235,3 +235,11 @@ def test_binning_uses_neighbours_for_an_empty_bin():
 
 def test_typical_pods_types(pods):
     assert isinstance(trace.typical_pods(pods), TypicalPods)
+
+
+def test_a_pod_list_without_gpu_spec_and_qos_accepts_any_model_as_ls(tmp_path):
+    path = write(
+        tmp_path, "m.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,8,1000\n"
+    )
+    pods = trace.load_pods(path)
+    assert pods.spec.tolist() == [0] and [q.wire for q in pods.qos] == ["inference"]
