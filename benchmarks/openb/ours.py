@@ -26,6 +26,7 @@ from scheduler_extender.domain import Health, PodDemand, QosClass
 from scheduler_extender.policy.combine import NodeBatch, finish, gpu_verdict
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
+from scheduler_extender.state.decisions import demand_key
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -118,7 +119,7 @@ class Ours:
                 # kube-scheduler asks the extender about GPU pods only; the rest score 0.
                 return pick(np.zeros(rows.size), rows, priority), np.array([-1])
             learner.observe(demand)
-            key = (int(demand.qos), demand.mem_blocks, demand.whole_gpus)
+            key = demand_key(demand)
             mix: DemandMix = learner.mix
             entry = cache.get(key)
             size = cluster.nodes.size

@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from benchmarks.openb import frag
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Shape
+from scheduler_extender.policy.fragmentation import sigmoid
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -168,12 +169,6 @@ class GpuClustering(_Plain):
         )
         fill = (MAX_SCORE // 4) * (MAX_SPEC_GPU - view.gpu.sum(axis=1)) // MAX_SPEC_GPU
         return (base + fill).astype(np.float64), slots
-
-
-def sigmoid(x: FloatArray) -> FloatArray:
-    """The logistic function."""
-    out: FloatArray = 1.0 / (1.0 + np.exp(-x))
-    return out
 
 
 class Fgd(_Plain):
