@@ -252,7 +252,7 @@ def _fit(
             policy.spec.memory,
         )
         idle &= batch.present
-        room = np.where(batch.whole_taken | ~batch.present, 0, free)
+        room = np.where(batch.whole_taken, 0, free)  # a slot without a GPU has 0 free
         return fragmentation.score(room, idle, capacity, usable, demand, mix, args)
     return memory.fit_score(
         free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs

@@ -128,7 +128,7 @@ class MixLearner:
         return self._mix
 
     def observe(self, demand: PodDemand) -> None:
-        """Count one pod's request (once per pod: the caller dedupes filter and prioritize)."""
+        """Count one pod's request; the caller counts each pod once (``remember_demand``)."""
         if not demand.wants_gpu:
             return
         self._recent.append(demand_shape(demand))
@@ -161,8 +161,7 @@ def amount(free: IntArray, idle: BoolArray, capacity: IntArray, mix: DemandMix) 
     shared = mix.whole == 0  # (M,)
     big = np.where(shared[:, None], free[..., None, :] >= b, idle[..., None, :])  # (..., M, G)
     hosts = big.sum(axis=-1) >= np.where(shared, 1, mix.whole)  # (..., M)
-    usable = big & (free[..., None, :] > 0)
-    small = np.where(usable, 0.0, share[..., None, :]).sum(axis=-1)  # (..., M)
+    small = np.where(big, 0.0, share[..., None, :]).sum(axis=-1)  # (..., M)
     per_shape = np.where(hosts, small, total[..., None])
     out: FloatArray = per_shape @ mix.freq
     return out

@@ -63,7 +63,6 @@ class ClusterState:
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._verdicts = VerdictCache()
         self._mix = MixLearner(policy.spec.fragmentation)
-        self._observed: OrderedDict[str, None] = OrderedDict()
         self._namesets = NameSets()
 
     # -- inputs -----------------------------------------------------------------------------
@@ -73,7 +72,6 @@ class ClusterState:
         self._verdicts.clear()
         if policy.spec.fragmentation != self._mix.args:
             self._mix = MixLearner(policy.spec.fragmentation)
-            self._observed.clear()
         for node in self.store.nodes():
             self._write_node(node)
 
@@ -103,20 +101,16 @@ class ClusterState:
         self.table.remove(node)
 
     def remember_demand(self, demand: PodDemand) -> None:
-        """Keep what a pod asked for, so that bind (which gets only the pod's name) knows it."""
+        """Keep what a pod asked for, so that bind (which gets only the pod's name) knows it.
+
+        A pod not seen before also counts once in the shape mix of fragmentation scoring.
+        """
+        if demand.uid not in self._demands and self.policy.spec.fragmentation.enabled:
+            self._mix.observe(demand)
         self._demands[demand.uid] = demand
         self._demands.move_to_end(demand.uid)
         while len(self._demands) > DEMAND_CACHE_SIZE:
             self._demands.popitem(last=False)
-
-    def observe_demand(self, demand: PodDemand) -> None:
-        """Count a pod's GPU request in the shape mix once, however often it is asked about."""
-        if not self.policy.spec.fragmentation.enabled or demand.uid in self._observed:
-            return
-        self._observed[demand.uid] = None
-        while len(self._observed) > DEMAND_CACHE_SIZE:
-            self._observed.popitem(last=False)
-        self._mix.observe(demand)
 
     @property
     def mix(self) -> DemandMix:
@@ -196,7 +190,6 @@ class ClusterState:
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         policy = self.policy
-        self.observe_demand(demand)
         reason, gpu_sum = self._verdicts.lookup(self.table, rows, demand, policy, now, self.mix)
         col = self.table.column
         known = col("known")[rows]

@@ -147,6 +147,7 @@ def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_chan
             whole=1 if i % 3 == 0 else None,
         )
         demand = pod_demand(spec, state.policy.spec.qos)
+        state.remember_demand(demand)  # as filter and prioritize do
         a = state.decide(names, demand)
         b = state.evaluate(names, demand)
         assert (a.passed == b.passed).all() and (a.points == b.points).all()
