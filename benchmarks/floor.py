@@ -14,8 +14,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-_HEADERS = [(b"content-type", b"application/json")]
-
 
 async def _body(receive: Receive) -> bytes:
     chunks = []
@@ -52,7 +50,9 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         return
     body = await _body(receive)
     out = b'{"status":"ok"}' if scope["method"] == "GET" else answer(scope["path"], body)
-    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+    # The same headers as the extender's fast path (a Content-Length, so no chunked framing).
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(out))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": out})
 
 

@@ -114,6 +114,7 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(_TelemetryAge(state))
+        self._verdict_children: dict[tuple[str, int], Counter] = {}
 
     def count_verdicts(
         self, verb: str, reasons: npt.NDArray[np.int64], passed: npt.NDArray[np.bool_]
@@ -121,10 +122,15 @@ class ExtenderMetrics:
         """Add one request's verdicts: one counter update per distinct reason, not per node."""
         counts = np.bincount(np.where(passed, 0, reasons), minlength=len(Reason))
         for code in np.flatnonzero(counts).tolist():
-            reason = Reason(code)
-            if reason is Reason.OK:
-                result, label = "passed", "ok"
-            else:
-                result = "failed" if reason.resolvable else "unresolvable"
-                label = reason.name.lower()
-            self.decisions.labels(verb, result, label).inc(int(counts[code]))
+            child = self._verdict_children.get((verb, code))
+            if child is None:
+                reason = Reason(code)
+                if reason is Reason.OK:
+                    result, label = "passed", "ok"
+                else:
+                    result = "failed" if reason.resolvable else "unresolvable"
+                    label = reason.name.lower()
+                child = self._verdict_children[verb, code] = self.decisions.labels(
+                    verb, result, label
+                )
+            child.inc(int(counts[code]))

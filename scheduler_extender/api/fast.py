@@ -26,7 +26,18 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Handler = Callable[[AppContext, bytes], Awaitable[bytes] | bytes]
 
-_HEADERS = [(b"content-type", b"application/json")]
+_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """Response headers for a JSON body of known length.
+
+    With a Content-Length, uvicorn writes the body as it is; without one it frames it in
+    chunked encoding (one more copy of the body, and a slower read for the client).
+    """
+    return [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
+
+
 VERBS: dict[str, Handler] = {
     "filter": verbs.filter_verb,
     "prioritize": verbs.prioritize_verb,
@@ -109,7 +120,7 @@ class FastRoutes:
             else:
                 result = handler(ctx, body)
                 out = await result if isinstance(result, Awaitable) else result
-        await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+        await send({"type": "http.response.start", "status": status, "headers": json_headers(out)})
         await send({"type": "http.response.body", "body": out})
         ctx.metrics.latency.labels(verb).observe(time.perf_counter() - start)
 

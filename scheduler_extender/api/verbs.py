@@ -16,9 +16,10 @@ from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
 from scheduler_extender.errors import BindError, RequestError
 from scheduler_extender.k8s import translate, wire
-from scheduler_extender.policy.base import REASON_JSON, REASON_RESOLVABLE, REASON_TEXT, Reason
+from scheduler_extender.policy.base import REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
 from scheduler_extender.policy.qos import TERMS
+from scheduler_extender.state.decisions import demand_key
 
 log = logging.getLogger("scheduler_extender")
 
@@ -32,9 +33,6 @@ def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
     return demand
 
 
-_ALL_PASSED_TAIL = b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
-
-
 def filter_verb(ctx: AppContext, body: bytes) -> bytes:
     """``POST /filter``: the nodes that can take the pod, and why the others cannot."""
     try:
@@ -43,24 +41,13 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         names = args.candidates()
         decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
-        if args.raw_names is not None and decision.passed.all():
-            # Names mode and every node fits: answer with the list exactly as it came.
-            return b'{"Nodes":null,"NodeNames":' + args.raw_names + _ALL_PASSED_TAIL
-        failing = np.flatnonzero(~decision.passed)
-        codes = decision.reason[failing]
-        resolvable = REASON_RESOLVABLE[codes]
         nameset = decision.nameset
         if args.raw_names is not None and nameset is not None:
             # Names mode: the answer is written from the request's own bytes, no dicts.
-            return (
-                b'{"Nodes":null,"NodeNames":'
-                + nameset.names_json(decision.passed)
-                + b',"FailedNodes":'
-                + nameset.failures_json(failing[resolvable], REASON_JSON[codes[resolvable]])
-                + b',"FailedAndUnresolvableNodes":'
-                + nameset.failures_json(failing[~resolvable], REASON_JSON[codes[~resolvable]])
-                + b',"Error":""}'
-            )
+            return nameset.filter_json(decision.passed, decision.reason, demand_key(demand))
+        failing = np.flatnonzero(~decision.passed)
+        codes = decision.reason[failing]
+        resolvable = REASON_RESOLVABLE[codes]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name, text, ok in zip(
@@ -91,7 +78,7 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         names = args.candidates()
         decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
         if decision.nameset is not None and args.raw_names is not None:
-            return decision.nameset.priorities(decision.points)
+            return decision.nameset.priorities(decision.points, demand_key(demand))
         return wire.encode_priorities(names, decision.points.tolist())
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.

@@ -292,15 +292,30 @@ def finish(
     return passed, reason, score, points
 
 
+def _stale_after_s(interval_s: FloatArray, policy: Policy) -> FloatArray | float:
+    args = policy.spec.stale_telemetry
+    return args.after_s if args.after_s is not None else args.interval_multiple * interval_s
+
+
 def is_stale(
     known: BoolArray, age_s: FloatArray, interval_s: FloatArray, policy: Policy
 ) -> BoolArray:
     """Nodes whose last report is older than ``staleTelemetry.after`` (or 3 × their interval)."""
-    args = policy.spec.stale_telemetry
-    after = args.after_s if args.after_s is not None else args.interval_multiple * interval_s
     with np.errstate(invalid="ignore"):
-        stale: BoolArray = known & (age_s > after)
+        stale: BoolArray = known & (age_s > _stale_after_s(interval_s, policy))
     return stale
+
+
+def stale_from(
+    known: BoolArray, received_at: FloatArray, interval_s: FloatArray, policy: Policy
+) -> FloatArray:
+    """About when each node turns stale without a new report: a millisecond early, never late.
+
+    +inf for a node that never reported or whose interval is unknown.
+    """
+    with np.errstate(invalid="ignore"):
+        at = received_at + _stale_after_s(interval_s, policy) - 1e-3
+    return np.where(known & ~np.isnan(at), at, np.inf)
 
 
 def topology_term(

@@ -25,18 +25,70 @@ from scheduler_extender.policy.combine import (
     evaluate,
     finish,
     is_stale,
+    stale_from,
     topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
 from scheduler_extender.state.allocations import Allocations
-from scheduler_extender.state.decisions import NameSet, NameSets, VerdictCache
+from scheduler_extender.state.decisions import (
+    DemandKey,
+    NameSet,
+    NameSets,
+    VerdictCache,
+    demand_key,
+)
 from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.schema import TelemetryReport
 from scheduler_extender.telemetry.store import PutResult, TelemetryStore
 
 DEMAND_CACHE_SIZE = 16_384
+
+
+DECISION_MEMO_SIZE = 64
+"""Decisions kept by (candidate list, demand shape, group)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Decided rows: the verdicts, and when each may change without a write.
+
+    A row's deadline is when one of its GPUs leaves its cool-down or its telemetry turns stale.
+    """
+
+    passed: npt.NDArray[np.bool_]
+    reason: npt.NDArray[np.int64]
+    points: npt.NDArray[np.int64]
+    deadline: npt.NDArray[np.float64]
+
+    def kept(self, version: npt.NDArray[np.int64], stamp: tuple[object, ...]) -> _Memo:
+        """These verdicts as the decision of a whole list, at these row versions."""
+        for array in (self.passed, self.reason, self.points, self.deadline, version):
+            array.flags.writeable = False
+        return _Memo(self.passed, self.reason, self.points, self.deadline, version, stamp)
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo(_Rows):
+    """A list's last decision for one shape, with the row versions it was made at.
+
+    ``stamp`` is what else it depends on: the policy, the shape mix, the list's rows, and the
+    racks and room of the pod's group.
+    """
+
+    version: npt.NDArray[np.int64]
+    stamp: tuple[object, ...]
+
+    def patched(
+        self, at: npt.NDArray[np.int64], rows: _Rows, version: npt.NDArray[np.int64]
+    ) -> _Memo:
+        """A copy with the positions ``at`` decided again (earlier answers stay untouched)."""
+        passed, reason = self.passed.copy(), self.reason.copy()
+        points, deadline = self.points.copy(), self.deadline.copy()
+        passed[at], reason[at] = rows.passed, rows.reason
+        points[at], deadline[at] = rows.points, rows.deadline
+        return _Rows(passed, reason, points, deadline).kept(version, self.stamp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +116,11 @@ class ClusterState:
         self._verdicts = VerdictCache()
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
+        self._decisions: OrderedDict[tuple[bytes, DemandKey, str | None], _Memo] = OrderedDict()
+        self._room_dirty: set[int] = set()
+        """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
+        self._rack_free_cache: dict[bool, tuple[tuple[int, int, int], npt.NDArray[np.float64]]] = {}
+        """Free room per rack, by whole-GPU or blocks, with the (writes, racks, policy) it is of."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -179,7 +236,10 @@ class ClusterState:
         """The filter/prioritize verdicts for a request, from cached per-node GPU verdicts.
 
         Gives the same answers as ``evaluate`` (the tests hold them to it); it only skips the
-        work for rows that have not changed since the last request of the same shape.
+        work for rows that have not changed since the last request of the same shape. For a
+        candidate list known by its bytes (names mode), the last decision of the same shape
+        and group is kept, and only its rows that were written since, or whose cool-down or
+        freshness ran out, are decided again.
         """
         self.expire()
         n = len(names)
@@ -189,20 +249,62 @@ class ClusterState:
         now = self.clock.monotonic()
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
+        ctx = self.context(demand) if demand.group is not None else None
+        if labels is not None or nameset.raw is None:
+            part = self._decide_rows(rows, demand, now, ctx, labels)
+            return Decision(names, part.passed, part.reason, part.points, nameset)
+        key = (nameset.raw, demand_key(demand), demand.group)
+        stamp = (
+            id(self.policy),
+            self.mix.version,
+            nameset.index_version,
+            b"" if ctx is None else ctx.group_racks.tobytes() + ctx.rack_free.tobytes(),
+        )
+        version = self.table.column("version")[rows]
+        memo = self._decisions.get(key)
+        if memo is None or memo.stamp != stamp:
+            memo = self._decide_rows(rows, demand, now, ctx, None).kept(version, stamp)
+        else:
+            dirty = (version != memo.version) | (now >= memo.deadline)
+            if dirty.any():
+                at = np.flatnonzero(dirty)
+                memo = memo.patched(
+                    at, self._decide_rows(rows[at], demand, now, ctx, None), version
+                )
+        self._decisions[key] = memo
+        self._decisions.move_to_end(key)
+        while len(self._decisions) > DECISION_MEMO_SIZE:
+            self._decisions.popitem(last=False)
+        return Decision(names, memo.passed, memo.reason, memo.points, nameset)
+
+    def _decide_rows(
+        self,
+        rows: npt.NDArray[np.int64],
+        demand: PodDemand,
+        now: float,
+        ctx: Context | None,
+        labels: Sequence[Mapping[str, str] | None] | None,
+    ) -> _Rows:
+        """Verdicts of some rows, each on its own: its GPU verdict, staleness and topology."""
         policy = self.policy
-        reason, gpu_sum = self._verdicts.lookup(self.table, rows, demand, policy, now, self.mix)
+        reason, gpu_sum, valid_until = self._verdicts.lookup(
+            self.table, rows, demand, policy, now, self.mix
+        )
         col = self.table.column
         known = col("known")[rows]
-        stale = is_stale(known, now - col("received_at")[rows], col("interval_s")[rows], policy)
-        if demand.group is not None:
+        received_at, interval_s = col("received_at")[rows], col("interval_s")[rows]
+        stale = is_stale(known, now - received_at, interval_s, policy)
+        if ctx is not None:
             rack, rdma = col("rack")[rows], col("rdma")[rows]
             if labels is not None:
                 rack, rdma = self._override_racks(rack, rdma, labels)
-            topo = topology_term(rack, rdma, demand, policy, self.context(demand))
+            topo = topology_term(rack, rdma, demand, policy, ctx)
         else:
-            topo = np.zeros(n)
+            topo = np.zeros(rows.shape[0])
         passed, reason, _, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
-        return Decision(names, passed, reason, points, nameset)
+        # A stale row stays stale until it is written again; a fresh one may turn stale.
+        turns = np.where(stale, np.inf, stale_from(known, received_at, interval_s, policy))
+        return _Rows(passed, reason, points, np.minimum(valid_until, turns))
 
     def context(self, demand: PodDemand) -> Context:
         """The time, plus where the pod's group runs and how much room each rack has."""
@@ -316,36 +418,56 @@ class ClusterState:
         self._write_room(node)
 
     def _write_room(self, node: str) -> None:
-        """Keep the node's total free blocks and idle GPUs, the inputs of a rack's room."""
+        """Mark the node's room (free blocks, idle GPUs: the inputs of a rack's room) stale.
+
+        Counted again only when a job group's racks are summed (``_refresh_room``), for every
+        marked row at once: a telemetry push then costs one set insertion here.
+        """
         row = self.table.row(node)
-        if row is None:
+        if row is not None:
+            self._room_dirty.add(row)
+
+    def _refresh_room(self) -> None:
+        """Recount free blocks and idle GPUs of the rows written since the last count."""
+        if not self._room_dirty:
             return
+        rows = np.fromiter(self._room_dirty, dtype=np.int64, count=len(self._room_dirty))
+        self._room_dirty.clear()
         col = self.table.column
         args = self.policy.spec.memory
-        usable = col("present")[row] & (col("health")[row] != Health.UNHEALTHY)
-        free = memory.free_blocks(
-            col("memory_total_mib")[row], col("unaccounted_used_mib")[row],
-            col("allocated_blocks")[row], args,
-        )  # fmt: skip
-        idle = memory.is_idle(
-            col("unaccounted_used_mib")[row],
-            col("allocated_blocks")[row],
-            col("whole_taken")[row],
-            args,
+        usable = col("present")[rows] & (col("health")[rows] != Health.UNHEALTHY)
+        unaccounted, allocated = col("unaccounted_used_mib")[rows], col("allocated_blocks")[rows]
+        free = memory.free_blocks(col("memory_total_mib")[rows], unaccounted, allocated, args)
+        idle = memory.is_idle(unaccounted, allocated, col("whole_taken")[rows], args)
+        self.table.set_room(
+            rows,
+            np.where(usable, free, 0).sum(axis=1).astype(np.float64),
+            (idle & usable).sum(axis=1).astype(np.float64),
         )
-        self.table.set_room(node, float(free[usable].sum()), float((idle & usable).sum()))
 
     def _rack_free(self, demand: PodDemand) -> npt.NDArray[np.float64]:
-        """Free room per rack id for the pod's kind of request (blocks or whole GPUs)."""
+        """Free room per rack id for the pod's kind of request (blocks or whole GPUs).
+
+        Summed again only after a row changed: job groups arrive in bursts of pods.
+        """
         if self.table.rack_count == 0:
             return np.zeros(0)
+        self._refresh_room()
+        whole = demand.needs_whole_gpu
+        stamp = (self.table.writes, self.table.rack_count, id(self.policy))
+        cached = self._rack_free_cache.get(whole)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         col = self.table.column
         rack = col("rack")
-        room = col("idle_gpus") if demand.needs_whole_gpu else col("free_blocks")
+        room = col("idle_gpus") if whole else col("free_blocks")
         known = (rack >= 0) & col("known")
-        return np.bincount(
+        free = np.bincount(
             rack[known], weights=np.nan_to_num(room[known]), minlength=self.table.rack_count
         ).astype(np.float64)
+        free.flags.writeable = False
+        self._rack_free_cache[whole] = (stamp, free)
+        return free
 
 
 _HEALTH = {h.name.lower(): int(h) for h in Health}

@@ -111,6 +111,11 @@ class NodeTable:
         self.index_version += 1
         return row
 
+    @property
+    def writes(self) -> int:
+        """Row writes so far: unchanged means no row has changed since it was last read."""
+        return self._writes
+
     def _touch(self, row: int) -> None:
         # Every write gives the row a new version, so cached verdicts of that row lapse.
         self._writes += 1
@@ -185,23 +190,36 @@ class NodeTable:
         c["driver_ok"][row] = driver_ok
         c["rack"][row] = self.rack_id(rack)
         c["rdma"][row] = rdma
+        n = int(index.size)
+        if n and int(index[0]) == 0 and int(index[-1]) == n - 1 and n == len(set(index.tolist())):
+            # GPUs 0..n-1, the usual case: slices, not fancy indexing (a push writes ~20 of them).
+            at: slice | npt.NDArray[np.int64] = slice(0, n)
+            rest: slice | None = slice(n, None) if n < self._gpus else None
+        else:
+            at, rest = index, None
+            for name in (*GPU_FLOAT_COLUMNS, "present", "hot", "health"):
+                c[name][row] = self._blank(name, 1, 1)[0, 0]
         for k, name in enumerate(GPU_FLOAT_COLUMNS):
-            col = c[name]
-            col[row] = np.nan
-            col[row, index] = floats[:, k]
-        c["present"][row] = False
-        c["present"][row, index] = True
-        c["hot"][row] = False
-        c["hot"][row, index] = hot
-        c["health"][row] = 0
-        c["health"][row, index] = health
+            c[name][row, at] = floats[:, k]
+        c["present"][row, at] = True
+        c["hot"][row, at] = hot
+        c["health"][row, at] = health
+        if rest is not None:
+            for name in (*GPU_FLOAT_COLUMNS, "present", "hot", "health"):
+                c[name][row, rest] = self._blank(name, 1, 1)[0, 0]
 
-    def set_room(self, node: str, free_blocks: float, idle_gpus: float) -> None:
-        """A node's free capacity in all (for choosing a rack for a new job group)."""
-        row = self._index.get(node)
-        if row is not None:
-            self._cols["free_blocks"][row] = free_blocks
-            self._cols["idle_gpus"][row] = idle_gpus
+    def set_room(
+        self,
+        rows: npt.NDArray[np.int64],
+        free_blocks: npt.NDArray[np.float64],
+        idle_gpus: npt.NDArray[np.float64],
+    ) -> None:
+        """Nodes' free capacity in all, by row (for choosing a rack for a new job group).
+
+        Not a row write: a node's verdicts do not depend on it, so versions stay.
+        """
+        self._cols["free_blocks"][rows] = free_blocks
+        self._cols["idle_gpus"][rows] = idle_gpus
 
     def write_allocations(
         self, node: str, blocks: dict[int, int], whole: set[int], unaccounted: dict[int, float]

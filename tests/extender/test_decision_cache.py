@@ -33,17 +33,22 @@ def fleet(clock, nodes=40, seed=0):
     return app, state, rng
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     st.integers(0, 10_000),
     st.sampled_from(["inference", "training", "best-effort", "realtime"]),
     st.integers(1, 4),
     st.booleans(),
+    st.booleans(),
 )
-def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(seed, qos, blocks, whole):
+def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(
+    seed, qos, blocks, whole, by_bytes
+):
+    """By bytes, a list's last decision is kept and only its changed rows are decided again."""
     clock = FakeClock()
     app, state, rng = fleet(clock, seed=seed)
     names = [f"n{i}" for i in rng.sample(range(45), 30)]  # some never reported
+    raw = orjson.dumps(names) if by_bytes else None
     spec = pod(
         "p",
         blocks=None if whole else blocks,
@@ -52,23 +57,27 @@ def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(seed, qos, bl
         group="g" if qos == "training" else None,
     )
     demand = pod_demand(spec, state.policy.spec.qos)
-    for step in range(6):
-        a = state.decide(names, demand)
+    for step in range(10):
+        a = state.decide(names, demand, raw_names=raw)
         b = state.evaluate(names, demand)
         assert (
             (a.passed == b.passed).all()
             and (a.reason == b.reason).all()
             and (a.points == b.points).all()
         )
-        # Change the world between requests: a push, time passing, a reservation.
-        n = rng.randrange(40)
-        state.ingest(
-            TelemetryReport.model_validate(
-                report(f"n{n}", [gpu(0, temperature_c=rng.uniform(40, 95))])
+        # Change the world between requests: a push (or none), time passing (past cool-downs
+        # and into staleness), a reservation, a node that leaves, one that joins.
+        if rng.random() < 0.7:
+            n = rng.randrange(45)
+            state.ingest(
+                TelemetryReport.model_validate(
+                    report(f"n{n}", [gpu(0, temperature_c=rng.uniform(40, 95))])
+                )
             )
-        )
-        clock.advance(rng.choice([0.0, 1.0, 20.0, 400.0]))
-        if step == 3 and b.passed.any():
+        clock.advance(rng.choice([0.0, 1.0, 20.0, 60.0, 400.0]))
+        if step == 5:
+            state.forget_node(names[0])
+        if step in (3, 7) and b.passed.any():
             i = int(np.flatnonzero(b.passed)[0])
             assignment, _ = verbs.choose_assignment(app.state.ctx, demand, names[i])
             if assignment is not None:
@@ -104,6 +113,22 @@ def test_written_answers_are_the_json_they_stand_for():
         assert orjson.loads(ns.names_json(passed)) == [
             n for n, m in zip(names, mask, strict=True) if m
         ]
+    # Many failures take the byte-mask path; whitespace between names is allowed.
+    many = [f"edge-{i:04d}" for i in range(200)]
+    rng = np.random.default_rng(7)
+    for raw_many in (
+        orjson.dumps(many),
+        b"[ " + b" , ".join(orjson.dumps(n) for n in many) + b" ]",
+    ):
+        big = NameSet(many, np.arange(200), 0, raw=raw_many)
+        for share in (0.3, 0.7, 0.99):
+            mask = rng.random(200) < share
+            mask[-1] = bool(share < 0.5)  # the last name both failing and passing
+            assert orjson.loads(big.names_json(mask)) == [
+                n for n, m in zip(many, mask.tolist(), strict=True) if m
+            ]
+    odd = NameSet(['a"b', "c"], np.arange(2), 0, raw=orjson.dumps(['a"b', "c"]))
+    assert orjson.loads(odd.names_json(np.array([True, False]))) == ['a"b']
     texts = np.array([b'"x"', b'"y"'], dtype=object)
     assert orjson.loads(ns.failures_json(np.array([1, 3]), texts)) == {"b-1": "x", "d": "y"}
     assert ns.failures_json(np.array([], dtype=np.int64), texts[:0]) == b"{}"
@@ -153,3 +178,55 @@ def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_chan
         assert (a.passed == b.passed).all() and (a.points == b.points).all()
         versions.add(state.mix.version)
     assert len(versions) >= 3 and not state.mix.empty
+
+
+def test_a_kept_decision_is_patched_only_where_rows_changed(clock):
+    _, state, _ = fleet(clock, nodes=30)
+    names = [f"n{i}" for i in range(30)]
+    raw = orjson.dumps(names)
+    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
+    first = state.decide(names, demand, raw_names=raw)
+    before = state._verdicts.recomputed_rows
+    again = state.decide(names, demand, raw_names=raw)
+    assert again.reason is first.reason  # nothing changed: the kept arrays, as they are
+    assert state._verdicts.recomputed_rows == before
+    state.ingest(TelemetryReport.model_validate(report("n3", [gpu(0, temperature_c=99.0)])))
+    patched = state.decide(names, demand, raw_names=raw)
+    assert state._verdicts.recomputed_rows == before + 1
+    assert patched.reason[3] != first.reason[3] or not first.passed[3]
+    assert first.reason.flags.writeable is False  # the earlier answer was not changed under it
+    assert (np.delete(patched.reason, 3) == np.delete(first.reason, 3)).all()
+
+
+def test_the_answer_memo_gives_back_only_what_was_written_for_the_same_codes():
+    from scheduler_extender.state.decisions import AnswerMemo
+
+    memo = AnswerMemo(budget_bytes=400)
+    key = (b'["a"]', (1, 1, 0), "filter")
+    assert memo.get(key, b"\x00") is None
+    memo.put(key, b"\x00", b"answer-0")
+    assert memo.get(key, b"\x00") == b"answer-0"
+    assert memo.get(key, b"\x08") is None  # another verdict: written anew, never reused
+    memo.put(key, b"\x08", b"answer-8")
+    assert memo.get(key, b"\x00") is None and memo.get(key, b"\x08") == b"answer-8"
+    for i in range(20):  # the budget holds: the oldest answers go first
+        memo.put((b"x", (i, 0, 0), "filter"), b"c", b"y" * 50)
+    assert memo.get(key, b"\x08") is None
+    assert memo.get((b"x", (19, 0, 0), "filter"), b"c") == b"y" * 50
+    memo.put((b"big", (0, 0, 0), "filter"), b"c", b"z" * 300)  # over a quarter: not kept
+    assert memo.get((b"big", (0, 0, 0), "filter"), b"c") is None
+
+
+async def test_answers_follow_changed_verdicts_on_the_same_list(client):
+    """The same list and pod again after a GPU overheats: the kept answer is not reused."""
+    for i in range(3):
+        await client.post("/v1/telemetry", json=report(f"n{i}", [gpu(0, temperature_c=50.0)]))
+    body = orjson.dumps(args_names(pod(qos="inference", blocks=1), ["n0", "n1", "n2"]))
+    first = orjson.loads((await client.post("/filter", content=body)).content)
+    assert first["NodeNames"] == ["n0", "n1", "n2"]
+    await client.post("/v1/telemetry", json=report("n1", [gpu(0, temperature_c=95.0)]))
+    second = orjson.loads((await client.post("/filter", content=body)).content)
+    assert second["NodeNames"] == ["n0", "n2"]
+    assert second["FailedNodes"] == {"n1": "edgegpu: gpu too hot"}
+    scores = orjson.loads((await client.post("/prioritize", content=body)).content)
+    assert [h["Host"] for h in scores] == ["n0", "n1", "n2"] and scores[1]["Score"] == 0
