@@ -114,7 +114,18 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(_TelemetryAge(state))
+        # Children of the per-request series, looked up once (a labels() call takes a lock).
         self._verdict_children: dict[tuple[str, int], Counter] = {}
+        self._latency_children: dict[str, Histogram] = {}
+        self.pushes_accepted = self.telemetry.labels("accepted")
+        self.pushes_ignored = self.telemetry.labels("ignored")
+
+    def observe_latency(self, verb: str, seconds: float) -> None:
+        """Record the time one request took."""
+        child = self._latency_children.get(verb)
+        if child is None:
+            child = self._latency_children[verb] = self.latency.labels(verb)
+        child.observe(seconds)
 
     def count_verdicts(
         self, verb: str, reasons: npt.NDArray[np.int64], passed: npt.NDArray[np.bool_]

@@ -122,7 +122,7 @@ class FastRoutes:
                 out = await result if isinstance(result, Awaitable) else result
         await send({"type": "http.response.start", "status": status, "headers": json_headers(out)})
         await send({"type": "http.response.body", "body": out})
-        ctx.metrics.latency.labels(verb).observe(time.perf_counter() - start)
+        ctx.metrics.observe_latency(verb, time.perf_counter() - start)
 
 
 _ARGS_SCHEMA: dict[str, Any] = {

@@ -7,6 +7,7 @@ loopback clients may push (and a warning is logged once).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any
 
@@ -20,6 +21,7 @@ from scheduler_extender.telemetry.schema import TelemetryReport
 _MAX_PROBLEMS = 20
 
 
+@functools.lru_cache(maxsize=1024)
 def is_loopback(host: str | None) -> bool:
     """Whether a client address is on this machine."""
     if host is None:
@@ -88,7 +90,7 @@ async def push(
             metrics.labels("forbidden").inc()
             return _error(exc.status, str(exc))
     result = ctx.state.ingest(report)
-    metrics.labels("accepted" if result.accepted else "ignored").inc()
+    (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     payload: dict[str, Any] = {
         "accepted": result.accepted,
         # GPUs holding high-QoS pods: the agent keeps them out of power saving.

@@ -369,21 +369,21 @@ class ClusterState:
         health = report.node_health
         rack, rdma = self._rack_and_rdma(self._labels_of(node))
         gpus = report.gpus
-        nan = float("nan")
-        rows: list[list[float]] = []
+        rows: list[tuple[float | None, ...]] = []
         hot: list[bool] = []
         for g in gpus:
             state = record.thermal.get(g.uuid)
-            values = (
-                g.temperature_c,
-                g.power_w,
-                g.power_limit_w,
-                g.utilization_pct,
-                g.memory_total_mib,
-                g.memory_used_mib,  # unaccounted until assigned pods are subtracted
-                state.below_since if state is not None else None,
+            rows.append(
+                (
+                    g.temperature_c,
+                    g.power_w,
+                    g.power_limit_w,
+                    g.utilization_pct,
+                    g.memory_total_mib,
+                    g.memory_used_mib,  # unaccounted until assigned pods are subtracted
+                    state.below_since if state is not None else None,
+                )
             )
-            rows.append([nan if v is None else v for v in values])
             hot.append(state is not None and state.hot_since is not None)
         self.table.write_node(
             node,
@@ -393,6 +393,7 @@ class ClusterState:
             rack=rack,
             rdma=rdma,
             index=np.array([g.index for g in gpus], dtype=np.int64),
+            # None (a field the backend cannot read) becomes NaN in a float64 array.
             floats=np.array(rows, dtype=np.float64).reshape(len(gpus), len(GPU_FLOAT_COLUMNS)),
             hot=np.array(hot, dtype=np.bool_),
             health=np.array([_HEALTH[g.health] for g in gpus], dtype=np.int8),
@@ -405,13 +406,16 @@ class ClusterState:
         record = self.store.get(node)
         if record is not None:
             for gpu in record.report.gpus:
-                if gpu.memory_used_mib is None:
+                used = gpu.memory_used_mib
+                if used is None:
                     continue
-                ours = pods.get(gpu.index, set())
-                explained = sum(
-                    p.used_mib or 0.0 for p in gpu.processes if p.pod_uid and p.pod_uid in ours
-                )
-                unaccounted[gpu.index] = max(gpu.memory_used_mib - explained, 0.0)
+                ours = pods.get(gpu.index) if gpu.processes else None
+                if ours:
+                    explained = sum(
+                        p.used_mib or 0.0 for p in gpu.processes if p.pod_uid and p.pod_uid in ours
+                    )
+                    used = max(used - explained, 0.0)
+                unaccounted[gpu.index] = used
         if record is None and not blocks and not whole and node not in self.table:
             return
         self.table.write_allocations(node, blocks, whole, unaccounted)

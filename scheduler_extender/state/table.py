@@ -180,7 +180,8 @@ class NodeTable:
         ``index`` holds the GPU index of each reported GPU; ``floats`` has one row per GPU and
         one column per ``GPU_FLOAT_COLUMNS`` entry (NaN = unknown).
         """
-        self._ensure_gpus(int(index.max()) + 1 if index.size else 0)
+        slots = index.tolist()
+        self._ensure_gpus(max(slots) + 1 if slots else 0)
         row = self._row_for(node)
         self._touch(row)
         c = self._cols
@@ -190,8 +191,8 @@ class NodeTable:
         c["driver_ok"][row] = driver_ok
         c["rack"][row] = self.rack_id(rack)
         c["rdma"][row] = rdma
-        n = int(index.size)
-        if n and int(index[0]) == 0 and int(index[-1]) == n - 1 and n == len(set(index.tolist())):
+        n = len(slots)
+        if n and slots == list(range(n)):
             # GPUs 0..n-1, the usual case: slices, not fancy indexing (a push writes ~20 of them).
             at: slice | npt.NDArray[np.int64] = slice(0, n)
             rest: slice | None = slice(n, None) if n < self._gpus else None
