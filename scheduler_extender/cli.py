@@ -147,4 +147,7 @@ def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
         "server_header": False,
         "date_header": False,
         "timeout_keep_alive": 75,
+        # The client address is the peer's, never an X-Forwarded-For header: loopback-only
+        # pushes (embedded mode) must not be reachable by naming 127.0.0.1 in a header.
+        "proxy_headers": False,
     }

@@ -112,7 +112,7 @@ def create_app(
                 await asyncio.to_thread(ctx.elector.stop)
             await asyncio.to_thread(ctx.sync.stop)
 
-    app = FastAPI(
+    app = fast.ExtenderAPI(
         title="edgegpu scheduler extender",
         version=__version__,
         description="GPU-aware kube-scheduler extender: filter, prioritize, preempt, bind.",
@@ -121,7 +121,7 @@ def create_app(
     )
     app.state.ctx = ctx
     app.include_router(routes_debug.router)
-    app.add_middleware(fast.FastRoutes, ctx=ctx, prefix=settings.path_prefix)
+    app.fast = fast.FastRoutes(ctx, prefix=settings.path_prefix)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -85,3 +85,27 @@ async def test_freshness_follows_the_extenders_clock_not_the_agents(client, cloc
     assert (await client.get("/debug/nodes/n")).json()["stale"] is False
     clock.advance(16)
     assert (await client.get("/debug/nodes/n")).json()["stale"] is True
+
+
+async def test_a_fault_while_storing_a_push_is_a_500_with_a_message_not_a_traceback(
+    app, client, monkeypatch
+):
+    def broken(_report):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(app.state.ctx.state, "ingest", broken)
+    resp = await client.post("/v1/telemetry", json=report("n1", [gpu(0)]))
+    assert resp.status_code == 500
+    assert resp.json() == {"error": "internal error (RuntimeError)"}
+    # The next request is served as usual.
+    assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_uvicorn_takes_the_peer_address_not_forwarded_headers(clock):
+    import uvicorn
+
+    from scheduler_extender.cli import uvicorn_options
+
+    assert uvicorn_options()["proxy_headers"] is False
+    config = uvicorn.Config(create_app(clock=clock), **uvicorn_options())
+    assert config.proxy_headers is False
