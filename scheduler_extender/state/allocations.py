@@ -44,6 +44,10 @@ class Allocations:
         """Every assignment on a node, by pod uid."""
         return [self._by_pod[uid].assignment for uid in sorted(self._by_node.get(node, ()))]
 
+    def holds_gpus(self, node: str) -> bool:
+        """Whether any pod holds GPUs of the node."""
+        return bool(self._by_node.get(node))
+
     def nodes_of_group(self, group: str) -> set[str]:
         """Nodes where pods of a job group hold GPUs."""
         return {self._by_pod[uid].assignment.node for uid in self._by_group.get(group, ())}

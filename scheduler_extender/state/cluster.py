@@ -398,7 +398,12 @@ class ClusterState:
             hot=np.array(hot, dtype=np.bool_),
             health=np.array([_HEALTH[g.health] for g in gpus], dtype=np.int8),
         )
-        self._write_allocations(node)
+        if self.allocations.holds_gpus(node):
+            self._write_allocations(node)
+        else:
+            # Nothing assigned: the row's assignment columns are already empty (the last
+            # release rewrote them) and all memory in use is unaccounted, as just written.
+            self._write_room(node)
 
     def _write_allocations(self, node: str) -> None:
         blocks, whole, pods = self.allocations.totals(node)
