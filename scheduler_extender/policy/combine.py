@@ -23,6 +23,10 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 _TOPOLOGY = TERMS.index("topology")
+# Plain ints: numpy converts an IntEnum member slowly, and every request compares against these.
+_OK = int(Reason.OK)
+_UNHEALTHY = int(Health.UNHEALTHY)
+_HEALTHY = int(Health.HEALTHY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +163,7 @@ def gpu_verdict(
     free = memory.free_blocks(
         batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
     )
-    healthy = batch.present & (batch.health != Health.UNHEALTHY)
+    healthy = batch.present & (batch.health != _UNHEALTHY)
     cool = now >= batch.excluded_until
     hot = np.isposinf(batch.excluded_until)
     need = demand.gpu_count
@@ -178,29 +182,20 @@ def gpu_verdict(
     candidate = healthy & fits_ever
     usable = candidate & fits_now & cool
     n_cool = (candidate & cool).sum(axis=1)
-    reason = np.select(
-        [
-            ~batch.known,
-            ~batch.present.any(axis=1),
-            ~batch.driver_ok,
-            ~healthy.any(axis=1),
-            candidate.sum(axis=1) < need,
-            (n_cool < need) & (candidate & hot).any(axis=1),
-            n_cool < need,
-            usable.sum(axis=1) < need,
-        ],
-        [
-            Reason.TELEMETRY_MISSING,
-            Reason.NO_GPU,
-            Reason.DRIVER_NOT_OK,
-            Reason.ALL_UNHEALTHY,
-            too_small,
-            Reason.GPU_HOT,
-            Reason.GPU_COOLING_DOWN,
-            busy_reason,
-        ],
-        default=Reason.OK,
-    ).astype(np.int64)
+    # The first check that applies gives the reason: written last-first, so earlier ones win.
+    checks = (
+        (~batch.known, Reason.TELEMETRY_MISSING),
+        (~batch.present.any(axis=1), Reason.NO_GPU),
+        (~batch.driver_ok, Reason.DRIVER_NOT_OK),
+        (~healthy.any(axis=1), Reason.ALL_UNHEALTHY),
+        (candidate.sum(axis=1) < need, too_small),
+        ((n_cool < need) & (candidate & hot).any(axis=1), Reason.GPU_HOT),
+        (n_cool < need, Reason.GPU_COOLING_DOWN),
+        (usable.sum(axis=1) < need, busy_reason),
+    )
+    reason = np.full(batch.size, _OK, dtype=np.int64)
+    for applies, why in reversed(checks):
+        reason[applies] = int(why)
 
     busy = (batch.allocated_blocks > 0) | batch.whole_taken
     busy |= np.fmax(batch.unaccounted_used_mib, 0.0) > spec.memory.idle_used_mib
@@ -210,7 +205,7 @@ def gpu_verdict(
             power.headroom_score(batch.power_w, batch.power_limit_w),
             _fit(batch, demand, policy, mix, free, capacity, usable),
             power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
-            (batch.health == Health.HEALTHY).astype(np.float64),
+            (batch.health == _HEALTHY).astype(np.float64),
         ],
         axis=2,
     )  # (N, G, 5): the GPU terms, in TERMS order
@@ -218,11 +213,13 @@ def gpu_verdict(
     ranked = np.where(usable, per_gpu @ gpu_weights, -np.inf)
     k = max(need, 1)
     if k == 1:
-        choice = np.argmax(ranked, axis=1)[:, None]
+        best = np.argmax(ranked, axis=1)
+        choice = best[:, None]
+        chosen = per_gpu[np.arange(best.shape[0]), best]  # (N, 5)
     else:
         choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, g)]
-    chosen = np.take_along_axis(per_gpu, choice[:, :, None], axis=1).mean(axis=1)  # (N, 5)
-    fits = reason == Reason.OK
+        chosen = np.take_along_axis(per_gpu, choice[:, :, None], axis=1).mean(axis=1)
+    fits = reason == _OK
     pending = np.where(batch.excluded_until > now, batch.excluded_until, np.inf)
     return GpuVerdict(
         reason=reason,
@@ -276,12 +273,12 @@ def finish(
         score = (gpu_sum + w_topology · topology) / Σ_t w_t,   points = round(MAX_SCORE · score)
     """
     fail_open = policy.spec.stale_telemetry.fail_open.get(demand.qos, False)
-    ok = reason == Reason.OK  # a node that never reported is never OK (MISSING)
+    ok = reason == _OK  # a node that never reported is never OK (MISSING)
     scored = ok
     if stale.any():  # ``stale`` implies ``known``
         if not fail_open:
             reason = np.where(stale, np.int64(Reason.TELEMETRY_STALE), reason)
-            ok = reason == Reason.OK
+            ok = reason == _OK
         scored = ok & ~stale
     passed = ok | ~known if fail_open else ok
     weights = demand_weights(demand, policy)

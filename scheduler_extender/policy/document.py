@@ -6,6 +6,7 @@ Imports only pydantic and the rule modules.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -60,13 +61,21 @@ class Policy(BaseModel):
 
     def class_weights(self, qos: QosClass) -> tuple[float, ...]:
         """Effective term weights for a class: class weights × global multipliers."""
-        base = self.spec.qos.class_weights(qos).as_tuple()
+        return self._weights_by_class[qos]
+
+    @functools.cached_property
+    def _weights_by_class(self) -> dict[QosClass, tuple[float, ...]]:
+        # Worked out once per policy (a frozen document): every request asks for them.
         mult = self.spec.weights.as_tuple()
-        weights = tuple(b * m for b, m in zip(base, mult, strict=True))
-        if not (self.spec.power_saving.enabled and qos.packs):
-            # powerSaving packs low-QoS work onto active GPUs only when it is switched on.
-            weights = (*weights[:3], 0.0, *weights[4:])
-        return weights
+        out = {}
+        for qos in QosClass:
+            base = self.spec.qos.class_weights(qos).as_tuple()
+            weights = tuple(b * m for b, m in zip(base, mult, strict=True))
+            if not (self.spec.power_saving.enabled and qos.packs):
+                # powerSaving packs low-QoS work onto active GPUs only when it is switched on.
+                weights = (*weights[:3], 0.0, *weights[4:])
+            out[qos] = weights
+        return out
 
     def describe(self) -> dict[str, Any]:
         """The document as served by ``GET /debug/policy`` (QoS classes by name)."""
