@@ -12,11 +12,10 @@ import ipaddress
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import ReportError, decode_report
 
 _MAX_PROBLEMS = 20
 
@@ -74,15 +73,10 @@ async def push(
         metrics.labels("too_large").inc()
         return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
     try:
-        report = TelemetryReport.model_validate_json(body)
-    except ValidationError as exc:
+        report = decode_report(body, _MAX_PROBLEMS)
+    except ReportError as exc:
         metrics.labels("invalid").inc()
-        errors = exc.errors(include_url=False, include_input=False, include_context=False)
-        problems = [
-            {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
-            for e in errors[:_MAX_PROBLEMS]
-        ]
-        return _error(422, f"invalid telemetry report ({len(errors)} problems)", problems=problems)
+        return _error(422, str(exc), problems=exc.problems)
     if ctx.auth is not None and identity is not None:
         try:
             ctx.auth.authorize(identity, report.node)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import numpy as np
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
@@ -40,10 +41,10 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
             reported=True,
             age_s=round(age, 3),
             stale=age > spec.stale_telemetry.stale_after_s(report.interval_s),
-            agent=report.agent.model_dump(),
+            agent=msgspec.structs.asdict(report.agent),
             rack=state.table.rack_name(int(state.table.column("rack")[row])),
             rdma=bool(state.table.column("rdma")[row]),
-            node_health=report.node_health.model_dump(),
+            node_health=msgspec.structs.asdict(report.node_health),
         )
         batch = state.table.gather(np.array([row]), now, spec.thermal_throttling)
         free = memory.free_blocks(
@@ -80,7 +81,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                     throttle_reasons=list(gpu.throttle_reasons),
                     ecc_uncorrected=gpu.ecc_uncorrected,
                     xid_last=gpu.xid_last,
-                    processes=[p.model_dump() for p in gpu.processes],
+                    processes=[msgspec.structs.asdict(p) for p in gpu.processes],
                 )
             gpus.append(entry)
         view["gpus"] = gpus

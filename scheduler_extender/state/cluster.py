@@ -40,7 +40,7 @@ from scheduler_extender.state.decisions import (
 )
 from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import PutResult, TelemetryStore
 
 DEMAND_CACHE_SIZE = 16_384

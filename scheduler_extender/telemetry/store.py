@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scheduler_extender.policy import thermal
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import TelemetryReport
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from scheduler_extender.api.app import create_app
 from scheduler_extender.k8s.translate import pod_demand
 from scheduler_extender.state.decisions import NameSet
 from scheduler_extender.telemetry.clock import FakeClock
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
 
 
@@ -25,11 +25,7 @@ def fleet(clock, nodes=40, seed=0):
                 health=rng.choice(["healthy", "healthy", "degraded", "unhealthy"]), utilization_pct=rng.uniform(0, 100))
             for g in range(rng.randint(1, 4))
         ]  # fmt: skip
-        state.ingest(
-            TelemetryReport.model_validate(
-                report(f"n{i}", gpus, labels={"edgegpu.io/rack": f"r{i % 3}"})
-            )
-        )
+        state.ingest(report_from(report(f"n{i}", gpus, labels={"edgegpu.io/rack": f"r{i % 3}"})))
     return app, state, rng
 
 
@@ -69,11 +65,7 @@ def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(
         # and into staleness), a reservation, a node that leaves, one that joins.
         if rng.random() < 0.7:
             n = rng.randrange(45)
-            state.ingest(
-                TelemetryReport.model_validate(
-                    report(f"n{n}", [gpu(0, temperature_c=rng.uniform(40, 95))])
-                )
-            )
+            state.ingest(report_from(report(f"n{n}", [gpu(0, temperature_c=rng.uniform(40, 95))])))
         clock.advance(rng.choice([0.0, 1.0, 20.0, 60.0, 400.0]))
         if step == 5:
             state.forget_node(names[0])
@@ -92,7 +84,7 @@ def test_only_changed_rows_are_recomputed(clock):
     before = state._verdicts.recomputed_rows
     state.decide(names, demand)
     assert state._verdicts.recomputed_rows == before
-    state.ingest(TelemetryReport.model_validate(report("n3", [gpu(0)])))
+    state.ingest(report_from(report("n3", [gpu(0)])))
     state.decide(names, demand)
     assert state._verdicts.recomputed_rows == before + 1
 
@@ -190,7 +182,7 @@ def test_a_kept_decision_is_patched_only_where_rows_changed(clock):
     again = state.decide(names, demand, raw_names=raw)
     assert again.reason is first.reason  # nothing changed: the kept arrays, as they are
     assert state._verdicts.recomputed_rows == before
-    state.ingest(TelemetryReport.model_validate(report("n3", [gpu(0, temperature_c=99.0)])))
+    state.ingest(report_from(report("n3", [gpu(0, temperature_c=99.0)])))
     patched = state.decide(names, demand, raw_names=raw)
     assert state._verdicts.recomputed_rows == before + 1
     assert patched.reason[3] != first.reason[3] or not first.passed[3]

@@ -5,7 +5,7 @@ import asyncio
 import orjson
 
 from scheduler_extender.k8s.leader import LeaseElector
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
 from tests.k8s.conftest import eventually, make_api, running_extender
 
@@ -27,9 +27,7 @@ async def test_bind_writes_the_assignment_then_the_binding_and_is_idempotent(kub
     async with running_extender(kubeconfig) as (app, client):
         await ready(app)
         app.state.ctx.state.ingest(
-            TelemetryReport.model_validate(
-                report("n1", [gpu(0, memory_used_mib=15000.0), gpu(1, uuid="GPU-free")])
-            )
+            report_from(report("n1", [gpu(0, memory_used_mib=15000.0), gpu(1, uuid="GPU-free")]))
         )
         kube.add_node("n1")
         spec = pod("p1", blocks=2, qos="training")
@@ -61,7 +59,7 @@ async def test_bind_writes_the_assignment_then_the_binding_and_is_idempotent(kub
 async def test_a_bind_refused_by_the_api_server_releases_the_reservation(kube, kubeconfig):
     async with running_extender(kubeconfig) as (app, client):
         await ready(app)
-        app.state.ctx.state.ingest(TelemetryReport.model_validate(report("n1")))
+        app.state.ctx.state.ingest(report_from(report("n1")))
         kube.add_pod("p2", uid="uid-p2", node="elsewhere")
         await client.post("/filter", json=args_names(pod("p2"), ["n1"]))
         resp = await client.post("/bind", json=bind_body("p2", "n1"))
@@ -122,7 +120,7 @@ async def test_two_replicas_against_one_api_server_answer_identically(kube, kube
         await ready(app_b)
         for r in reports:  # agents push to every replica
             for app in (app_a, app_b):
-                app.state.ctx.state.ingest(TelemetryReport.model_validate(r))
+                app.state.ctx.state.ingest(report_from(r))
         names = [f"n{i}" for i in range(6)]
         for spec in (
             pod("x", qos="training", group="job"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
 from tests.k8s.conftest import eventually, running_extender
 
@@ -19,7 +19,7 @@ SEED = {
 
 def push(app, *reports):
     for r in reports:
-        assert app.state.ctx.state.ingest(TelemetryReport.model_validate(r)).accepted
+        assert app.state.ctx.state.ingest(report_from(r)).accepted
 
 
 async def rack_of(client, node):

@@ -1,0 +1,144 @@
+"""The hot-path decoder and the contract's pydantic model: the same fields, defaults and verdicts."""
+
+import copy
+
+import msgspec
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from scheduler_extender.telemetry import decode, schema
+from tests.builders import gpu, report
+
+
+def _struct_fields(struct):
+    return {f.encode_name: f for f in msgspec.structs.fields(struct)}
+
+
+@pytest.mark.parametrize(
+    ("model", "struct"),
+    [
+        (schema.TelemetryReport, decode.TelemetryReport),
+        (schema.AgentInfo, decode.AgentInfo),
+        (schema.NodeHealth, decode.NodeHealth),
+        (schema.GpuReport, decode.GpuReport),
+        (schema.GpuProcess, decode.GpuProcess),
+    ],
+)
+def test_both_definitions_have_the_same_fields_and_defaults(model, struct):
+    fields = _struct_fields(struct)
+    names = {info.alias or name for name, info in model.model_fields.items()}
+    assert set(fields) == names
+    for name, info in model.model_fields.items():
+        field = fields[info.alias or name]
+        if info.is_required():
+            assert field.required, name
+        else:
+            default = info.get_default(call_default_factory=True)
+            mine = (
+                field.default_factory()
+                if field.default_factory is not msgspec.NODEFAULT
+                else field.default
+            )
+            if isinstance(default, schema.NodeHealth):
+                default = msgspec.structs.asdict(decode.NodeHealth(**default.model_dump()))
+                mine = msgspec.structs.asdict(mine)
+            assert mine == default, name
+
+
+def _variants():
+    """Valid reports and reports broken at every limit the schema sets."""
+    base = report("n1", [gpu(0, processes=[{"pid": 1, "pod_uid": "u", "used_mib": 10.0}]), gpu(1)])
+    yield "valid", base, True
+    yield "valid, unknown fields ignored", {**base, "future": {"x": 1}}, True
+    yield "valid, nulls", {**base, "gpus": [gpu(0, temperature_c=None, power_w=None)]}, True
+    yield (
+        "valid, no labels or health",
+        {k: v for k, v in base.items() if k not in ("labels", "node_health")},
+        True,
+    )
+
+    def broken(path, value):
+        doc = copy.deepcopy(base)
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        if value is KeyError:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return doc
+
+    for name, path, value in [
+        ("wrong schema", ("schema",), "edgegpu.io/telemetry/v2"),
+        ("no node", ("node",), KeyError),
+        ("empty node", ("node",), ""),
+        ("node too long", ("node",), "n" * 254),
+        ("negative seq", ("agent", "seq"), -1),
+        ("empty boot id", ("agent", "boot_id"), ""),
+        ("zero interval", ("interval_s",), 0),
+        ("interval over an hour", ("interval_s",), 3601),
+        ("bad time", ("sampled_at",), "yesterday"),
+        ("ratio over 1", ("node_health", "cuda_ctx_success_ratio"), 1.5),
+        ("gpu index 64", ("gpus", 1, "index"), 64),
+        ("duplicate gpu index", ("gpus", 1, "index"), 0),
+        ("hot beyond reason", ("gpus", 0, "temperature_c"), 201),
+        ("negative power", ("gpus", 0, "power_w"), -1),
+        ("utilisation over 100", ("gpus", 0, "utilization_pct"), 100.5),
+        ("unknown health", ("gpus", 0, "health"), "sick"),
+        ("bad reason code", ("gpus", 0, "health_reasons"), ["Has Spaces"]),
+        ("empty uuid", ("gpus", 0, "uuid"), ""),
+        ("negative pid", ("gpus", 0, "processes", 0, "pid"), -3),
+        ("label value too long", ("labels",), {"k": "v" * 64}),
+        ("gpus not a list", ("gpus",), {"0": {}}),
+        ("temperature as text", ("gpus", 0, "temperature_c"), "hot"),
+    ]:
+        yield name, broken(path, value), False
+    yield "65 gpus", {**base, "gpus": [gpu(i % 64) for i in range(65)]}, False
+
+
+@pytest.mark.parametrize(
+    ("name", "doc", "valid"), list(_variants()), ids=[v[0] for v in _variants()]
+)
+def test_both_definitions_take_and_refuse_the_same_reports(name, doc, valid):
+    body = orjson.dumps(doc)
+    try:
+        model = schema.TelemetryReport.model_validate_json(body)
+        pydantic_ok = True
+    except ValidationError:
+        pydantic_ok = False
+    assert pydantic_ok is valid
+    if valid:
+        fast = decode.decode_report(body)
+        assert msgspec.to_builtins(fast) == orjson.loads(model.model_dump_json(by_alias=True))
+    else:
+        with pytest.raises(decode.ReportError) as err:
+            decode.decode_report(body)
+        assert err.value.problems and all(p["msg"] for p in err.value.problems)
+
+
+def test_a_refused_report_lists_every_problem_with_its_place():
+    doc = report("n1", [gpu(0, temperature_c=500.0), gpu(1, utilization_pct=-1.0)])
+    doc["agent"]["seq"] = -1
+    with pytest.raises(decode.ReportError) as err:
+        decode.decode_report(orjson.dumps(doc))
+    places = {p["loc"] for p in err.value.problems}
+    assert places == {"agent.seq", "gpus.0.temperature_c", "gpus.1.utilization_pct"}
+    assert str(err.value) == "invalid telemetry report (3 problems)"
+
+
+def test_not_json_is_one_located_problem():
+    with pytest.raises(decode.ReportError) as err:
+        decode.decode_report(b"{nope")
+    assert len(err.value.problems) == 1 and "JSON" in err.value.problems[0]["msg"]
+
+
+def test_what_the_agent_sends_decodes_to_the_same_values():
+    doc = report(
+        "n1",
+        [gpu(0), gpu(3, temperature_c=88.5, health="degraded", health_reasons=["temp:over-max"])],
+    )
+    sent = schema.TelemetryReport.model_validate(doc).to_json_bytes()
+    got = decode.decode_report(sent)
+    assert got.gpus[1].index == 3 and got.gpus[1].temperature_c == 88.5
+    assert got.gpus[1].health_reasons == ["temp:over-max"] and got.node == "n1"
