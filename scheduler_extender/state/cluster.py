@@ -258,7 +258,7 @@ class ClusterState:
             id(self.policy),
             self.mix.version,
             nameset.index_version,
-            b"" if ctx is None else ctx.group_racks.tobytes() + ctx.rack_free.tobytes(),
+            None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes()),
         )
         version = self.table.column("version")[rows]
         memo = self._decisions.get(key)
