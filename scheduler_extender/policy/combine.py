@@ -285,7 +285,9 @@ def finish(
     total = sum(weights)
     raw = gpu_sum + weights[_TOPOLOGY] * topo if weights[_TOPOLOGY] > 0 else gpu_sum
     score = np.where(scored, raw * (1.0 / total), 0.0) if total > 0 else np.zeros(raw.shape)
-    points = np.clip(np.floor(score * MAX_SCORE + 0.5), 0, MAX_SCORE).astype(np.int64)
+    points = np.minimum(np.maximum(np.floor(score * MAX_SCORE + 0.5), 0), MAX_SCORE).astype(
+        np.int64
+    )
     return passed, reason, score, points
 
 
@@ -298,8 +300,7 @@ def is_stale(
     known: BoolArray, age_s: FloatArray, interval_s: FloatArray, policy: Policy
 ) -> BoolArray:
     """Nodes whose last report is older than ``staleTelemetry.after`` (or 3 × their interval)."""
-    with np.errstate(invalid="ignore"):
-        stale: BoolArray = known & (age_s > _stale_after_s(interval_s, policy))
+    stale: BoolArray = known & (age_s > _stale_after_s(interval_s, policy))  # NaN: not stale
     return stale
 
 
@@ -310,8 +311,7 @@ def stale_from(
 
     +inf for a node that never reported or whose interval is unknown.
     """
-    with np.errstate(invalid="ignore"):
-        at = received_at + _stale_after_s(interval_s, policy) - 1e-3
+    at = received_at + _stale_after_s(interval_s, policy) - 1e-3
     return np.where(known & ~np.isnan(at), at, np.inf)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration
+from scheduler_extender.policy.base import ArgsModel, Duration, clip01
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -82,7 +82,7 @@ def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: boo
     """
     if request_blocks <= 0:
         return np.ones(free.shape, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        left = np.clip((free - request_blocks) / capacity, 0.0, 1.0)
-    left = np.fmax(left, 0.0)  # NaN (unknown capacity) → 0
+    # Over a capacity of 0 (no GPU, unknown size) the share is ±inf, or NaN → 0.
+    empty = np.where(free > request_blocks, 1.0, 0.0)
+    left = clip01(np.divide(free - request_blocks, capacity, out=empty, where=capacity > 0))
     return 1.0 - left if pack else left

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.base import ArgsModel, clip01
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -36,14 +36,16 @@ def headroom_score(power_w: FloatArray, power_limit_w: FloatArray) -> FloatArray
 
     score = clip((limit − draw) / limit, 0, 1)
     """
-    with np.errstate(all="ignore"):
-        score = np.clip((power_limit_w - power_w) / power_limit_w, 0.0, 1.0)
-    unknown = np.isnan(power_w) | np.isnan(power_limit_w) | ~(power_limit_w > 0)
-    return np.where(unknown, 0.5, score)
+    known_limit = power_limit_w > 0  # False for NaN too
+    with np.errstate(over="ignore"):  # a limit near 0 W: the share overflows to ±inf
+        share = np.divide(
+            power_limit_w - power_w, power_limit_w, out=np.zeros_like(power_w), where=known_limit
+        )
+    unknown = np.isnan(power_w) | ~known_limit
+    return np.where(unknown, 0.5, clip01(share))
 
 
 def is_active(utilization_pct: FloatArray, busy: BoolArray, args: PowerArgs) -> BoolArray:
     """A GPU is active when it is loaded above the threshold or already holds work."""
-    with np.errstate(invalid="ignore"):
-        loaded = utilization_pct >= args.threshold_pct
+    loaded = utilization_pct >= args.threshold_pct  # NaN (unknown) is not loaded
     return loaded | busy

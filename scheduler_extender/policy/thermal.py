@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration
+from scheduler_extender.policy.base import ArgsModel, Duration, clip01
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -96,5 +96,5 @@ def headroom_score(temperature_c: FloatArray, args: ThermalArgs) -> FloatArray:
     score = clip((maxTemp − T) / (maxTemp − idleTemp), 0, 1)
     """
     span = max(args.max_temp_c - args.idle_temp_c, 1.0)
-    score = np.clip((args.max_temp_c - temperature_c) / span, 0.0, 1.0)
+    score = clip01((args.max_temp_c - temperature_c) / span)
     return np.where(np.isnan(temperature_c), 0.5, score)
