@@ -316,17 +316,20 @@ class AnswerMemo:
         return entry[1]
 
     def put(self, key: MemoKey, codes: bytes, answer: bytes) -> bytes:
-        """Keep an answer (replacing the key's old one); returns it."""
+        """Keep an answer (replacing the key's old one); returns it.
+
+        The list's bytes in the key count too: the memo may keep them alive.
+        """
         old = self._answers.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[0]) + len(old[1])
-        size = len(codes) + len(answer)
+            self._bytes -= len(key[0]) + len(old[0]) + len(old[1])
+        size = len(key[0]) + len(codes) + len(answer)
         if size <= self._budget // 4:
             self._answers[key] = (codes, answer)
             self._bytes += size
             while self._bytes > self._budget:
-                _, (c, a) = self._answers.popitem(last=False)
-                self._bytes -= len(c) + len(a)
+                gone, (c, a) = self._answers.popitem(last=False)
+                self._bytes -= len(gone[0]) + len(c) + len(a)
         return answer
 
     def clear(self) -> None:
