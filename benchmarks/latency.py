@@ -172,30 +172,43 @@ def drive(servers: dict[str, Server], nodes: int, mode: str, blocks: int, cycles
 
 
 # -- ingest -------------------------------------------------------------------------------------
+_SAMPLES = 4
+"""Samples per node that a pusher cycles through."""
+
+
 def _pusher(
-    port: int, nodes: range, rate: float, seconds: float, conns: int, queue: Any, stop: Any
-) -> None:
-    """One pusher process: `conns` keep-alive connections, raw HTTP, latest seq per node."""
+    port: int, nodes: range, rate: float, seconds: float, conns: int, queue: Any, stop: Any,
+    ready: Any,
+) -> None:  # fmt: skip
+    """One pusher process: `conns` keep-alive connections, raw HTTP, latest seq per node.
+
+    Each node's successive pushes cycle through a few samples whose readings differ a little,
+    so that every push changes the node's row as real telemetry does.
+    """
     templates = []
     for i in nodes:
-        body = orjson.dumps(workload.report(i, seq=999_999_999))
-        head, tail = body.split(b"999999999")
-        templates.append((head, tail))
+        samples = []
+        for variant in range(_SAMPLES):
+            body = orjson.dumps(workload.report_variant(i, 999_999_999, variant))
+            head, tail = body.split(b"999999999")
+            samples.append((head, tail))
+        templates.append(samples)
 
     async def run() -> int:
         done = 0
         seq = 2
-        start = time.perf_counter()
-        stop_at = start + seconds
         interval = conns / rate if rate > 0 else 0.0
+        links = [await asyncio.open_connection("127.0.0.1", port) for _ in range(conns)]
+        ready.put(1)  # samples built and connected: the clock starts now
+        stop_at = time.perf_counter() + seconds
 
         async def worker(w: int) -> None:
             nonlocal done, seq
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = links[w]
             k = w
             next_at = time.perf_counter()
             while time.perf_counter() < stop_at and not stop.is_set():
-                head, tail = templates[k % len(templates)]
+                head, tail = templates[k % len(templates)][(k // len(templates)) % _SAMPLES]
                 k += conns
                 seq += 1
                 body = head + str(seq).encode() + tail
@@ -228,18 +241,22 @@ def ingest(
     port: int, nodes: int, seconds: float, rate: float, procs: int = 2, conns: int = 8,
     stop: Any = None,
 ) -> tuple[float, list[mp.Process], Any]:  # fmt: skip
-    """Start pushers (until ``seconds`` pass or ``stop`` is set); returns (start time,
-    processes, queue of per-process counts).
+    """Start pushers (until ``seconds`` pass or ``stop`` is set) and wait until they push.
+
+    Returns (start time, processes, queue of per-process counts).
     """
     queue: Any = mp.Queue()
+    ready: Any = mp.Queue()
     stop = stop if stop is not None else mp.Event()
     share = nodes // procs
     ps = [
-        mp.Process(target=_pusher, args=(port, range(p * share, (p + 1) * share), rate / procs, seconds, conns, queue, stop))
+        mp.Process(target=_pusher, args=(port, range(p * share, (p + 1) * share), rate / procs, seconds, conns, queue, stop, ready))
         for p in range(procs)
     ]  # fmt: skip
     for p in ps:
         p.start()
+    for _ in ps:
+        ready.get(timeout=120)
     return time.perf_counter(), ps, queue
 
 
@@ -263,7 +280,7 @@ def decisions_while_pushing(
                 continue
             stop = mp.Event()
             t0, ps, queue = ingest(server.port, 5000, 120.0, rate=rate, stop=stop)
-            time.sleep(1.0)  # pushers connected and at rate
+            time.sleep(1.0)  # a second at rate before measuring
             samples[rate] += drive({"ours": server}, 5000, "names", 1, cycles, None)["ours"][
                 "samples"
             ]

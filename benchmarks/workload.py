@@ -54,6 +54,21 @@ def report(i: int, seq: int, gpus: int = 8, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def report_variant(i: int, seq: int, variant: int, gpus: int = 8) -> dict[str, Any]:
+    """Node i's report as a later sample: the same GPUs and memory, readings that moved a little
+    (temperature ±1.5 °C, power ±3 %, utilisation ±5 points), as consecutive samples do.
+    """
+    doc = report(i, seq, gpus)
+    rng = random.Random(i * 7919 + variant)
+    for g in doc["gpus"]:
+        g["temperature_c"] = round(g["temperature_c"] + rng.uniform(-1.5, 1.5), 1)
+        g["power_w"] = round(min(g["power_w"] * rng.uniform(0.97, 1.03), g["power_limit_w"]), 1)
+        g["utilization_pct"] = round(
+            min(max(g["utilization_pct"] + rng.uniform(-5, 5), 0.0), 100.0), 1
+        )
+    return doc
+
+
 def node_object(i: int) -> dict[str, Any]:
     """A Node as the scheduler's snapshot holds it: labels, capacity, conditions, images."""
     name = node_name(i)
