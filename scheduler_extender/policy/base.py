@@ -15,6 +15,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 MAX_SCORE: Final = 10
 
+"""kube-scheduler's MaxExtenderPriority: prioritize answers lie in 0..MAX_SCORE."""
+
 
 def clip01(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """``x`` clipped to [0, 1], NaN kept.
@@ -24,9 +26,6 @@ def clip01(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """
     out: npt.NDArray[np.float64] = np.minimum(np.maximum(x, 0.0), 1.0)
     return out
-
-
-"""kube-scheduler's MaxExtenderPriority: prioritize answers lie in 0..MAX_SCORE."""
 
 
 class ArgsModel(BaseModel):

@@ -291,16 +291,12 @@ def finish(
     return passed, reason, score, points
 
 
-def _stale_after_s(interval_s: FloatArray, policy: Policy) -> FloatArray | float:
-    args = policy.spec.stale_telemetry
-    return args.after_s if args.after_s is not None else args.interval_multiple * interval_s
-
-
 def is_stale(
     known: BoolArray, age_s: FloatArray, interval_s: FloatArray, policy: Policy
 ) -> BoolArray:
     """Nodes whose last report is older than ``staleTelemetry.after`` (or 3 × their interval)."""
-    stale: BoolArray = known & (age_s > _stale_after_s(interval_s, policy))  # NaN: not stale
+    after = policy.spec.stale_telemetry.stale_after_s(interval_s)
+    stale: BoolArray = known & (age_s > after)  # NaN: not stale
     return stale
 
 
@@ -311,7 +307,7 @@ def stale_from(
 
     +inf for a node that never reported or whose interval is unknown.
     """
-    at = received_at + _stale_after_s(interval_s, policy) - 1e-3
+    at = received_at + policy.spec.stale_telemetry.stale_after_s(interval_s) - 1e-3
     return np.where(known & ~np.isnan(at), at, np.inf)
 
 

@@ -1,15 +1,21 @@
 """Stale-telemetry rule: how old is too old, and which classes fail open.
 
-Pure; imports only pydantic, ``domain`` and ``policy.base``. Staleness alone never evicts:
+Pure; imports only numpy, pydantic, ``domain`` and ``policy.base``. Staleness alone never evicts:
 edge links drop, and a node that cannot report may still be running its pods well.
 """
 
 from __future__ import annotations
 
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.policy.base import ArgsModel, Duration
+
+FloatArray = npt.NDArray[np.float64]
 
 _DEFAULT_FAIL_OPEN = {
     QosClass.REALTIME: False,
@@ -47,6 +53,13 @@ class StaleArgs(ArgsModel):
             data = {**data, "failOpen": {**_DEFAULT_FAIL_OPEN, **given}}
         return data
 
-    def stale_after_s(self, interval_s: float) -> float:
-        """Age in seconds past which telemetry reported every ``interval_s`` is stale."""
+    @overload
+    def stale_after_s(self, interval_s: float) -> float: ...
+    @overload
+    def stale_after_s(self, interval_s: FloatArray) -> FloatArray | float: ...
+    def stale_after_s(self, interval_s: float | FloatArray) -> float | FloatArray:
+        """Age in seconds past which telemetry reported every ``interval_s`` is stale.
+
+        Takes one interval or an array of them (one per node).
+        """
         return self.after_s if self.after_s is not None else self.interval_multiple * interval_s

@@ -10,6 +10,7 @@ again and again; the list's raw bytes map to its rows and to a ready answer temp
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -223,14 +224,12 @@ class NameSet:
         The answer depends only on each name's verdict code (0 where it passed), so an answer
         already written for the same codes, list and shape is sent again as it is.
         """
+        if self.memo is None or self.raw is None:
+            return self._filter_json(passed, reason)
         codes = np.where(passed, 0, reason).astype(np.uint8).tobytes()
-        if self.memo is not None and self.raw is not None:
-            key = (self.raw, shape, "filter")
-            known = self.memo.get(key, codes)
-            if known is None:
-                known = self.memo.put(key, codes, self._filter_json(passed, reason))
-            return known
-        return self._filter_json(passed, reason)
+        return self.memo.answer(
+            (self.raw, shape, "filter"), codes, lambda: self._filter_json(passed, reason)
+        )
 
     def _filter_json(self, passed: npt.NDArray[np.bool_], reason: IntArray) -> bytes:
         if self.raw is not None and passed.all():
@@ -253,11 +252,9 @@ class NameSet:
         if self.memo is None or self.raw is None or shape is None:
             return self._priorities(points)
         codes = points.astype(np.uint8).tobytes()
-        key = (self.raw, shape, "prioritize")
-        known = self.memo.get(key, codes)
-        if known is None:
-            known = self.memo.put(key, codes, self._priorities(points))
-        return known
+        return self.memo.answer(
+            (self.raw, shape, "prioritize"), codes, lambda: self._priorities(points)
+        )
 
     def _priorities(self, points: IntArray) -> bytes:
         """The HostPriorityList for these names, written into a ready template.
@@ -302,40 +299,33 @@ class AnswerMemo:
         self._answers: OrderedDict[MemoKey, tuple[bytes, bytes]] = OrderedDict()
         self._budget = budget_bytes
         self._bytes = 0
-        self.hits = 0
-        self.misses = 0
 
-    def get(self, key: MemoKey, codes: bytes) -> bytes | None:
-        """The answer kept for this key, if it was written for exactly these codes."""
-        entry = self._answers.get(key)
-        if entry is None or entry[0] != codes:
-            self.misses += 1
-            return None
-        self._answers.move_to_end(key)
-        self.hits += 1
-        return entry[1]
+    def answer(self, key: MemoKey, codes: bytes, write: Callable[[], bytes]) -> bytes:
+        """The answer kept for this key if it was written for these very codes.
 
-    def put(self, key: MemoKey, codes: bytes, answer: bytes) -> bytes:
-        """Keep an answer (replacing the key's old one); returns it.
-
-        The list's bytes in the key count too: the memo may keep them alive.
+        Otherwise ``write()``'s answer, which is kept from then on.
         """
+        entry = self._answers.get(key)
+        if entry is not None and entry[0] == codes:
+            self._answers.move_to_end(key)
+            return entry[1]
+        out = write()
+        self._put(key, codes, out)
+        return out
+
+    def _put(self, key: MemoKey, codes: bytes, answer: bytes) -> None:
+        # The list's bytes in the key count too: the memo may keep them alive.
         old = self._answers.pop(key, None)
         if old is not None:
             self._bytes -= len(key[0]) + len(old[0]) + len(old[1])
         size = len(key[0]) + len(codes) + len(answer)
-        if size <= self._budget // 4:
-            self._answers[key] = (codes, answer)
-            self._bytes += size
-            while self._bytes > self._budget:
-                gone, (c, a) = self._answers.popitem(last=False)
-                self._bytes -= len(gone[0]) + len(c) + len(a)
-        return answer
-
-    def clear(self) -> None:
-        """Forget every answer."""
-        self._answers.clear()
-        self._bytes = 0
+        if size > self._budget // 4:
+            return
+        self._answers[key] = (codes, answer)
+        self._bytes += size
+        while self._bytes > self._budget:
+            gone, (c, a) = self._answers.popitem(last=False)
+            self._bytes -= len(gone[0]) + len(c) + len(a)
 
 
 class NameSets:

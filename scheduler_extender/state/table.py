@@ -193,21 +193,20 @@ class NodeTable:
         c["rdma"][row] = rdma
         n = len(slots)
         if n and slots == list(range(n)):
-            # GPUs 0..n-1, the usual case: slices, not fancy indexing (a push writes ~20 of them).
+            # GPUs 0..n-1, the usual case: slices, not fancy indexing (a push writes ~20 of them),
+            # and only the slots past the last GPU are blanked.
             at: slice | npt.NDArray[np.int64] = slice(0, n)
-            rest: slice | None = slice(n, None) if n < self._gpus else None
+            blank: slice | None = slice(n, None) if n < self._gpus else None
         else:
-            at, rest = index, None
+            at, blank = index, slice(None)
+        if blank is not None:
             for name in (*GPU_FLOAT_COLUMNS, "present", "hot", "health"):
-                c[name][row] = self._blank(name, 1, 1)[0, 0]
+                c[name][row, blank] = self._blank(name, 1, 1)[0, 0]
         for k, name in enumerate(GPU_FLOAT_COLUMNS):
             c[name][row, at] = floats[:, k]
         c["present"][row, at] = True
         c["hot"][row, at] = hot
         c["health"][row, at] = health
-        if rest is not None:
-            for name in (*GPU_FLOAT_COLUMNS, "present", "hot", "health"):
-                c[name][row, rest] = self._blank(name, 1, 1)[0, 0]
 
     def set_room(
         self,

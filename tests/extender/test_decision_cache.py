@@ -194,19 +194,27 @@ def test_the_answer_memo_gives_back_only_what_was_written_for_the_same_codes():
     from scheduler_extender.state.decisions import AnswerMemo
 
     memo = AnswerMemo(budget_bytes=400)
+    writes = []
+
+    def ask(key, codes, answer):
+        """(the answer given, whether it was written now rather than kept)."""
+        before = len(writes)
+        out = memo.answer(key, codes, lambda: writes.append(answer) or answer)
+        return out, len(writes) > before
+
     key = (b'["a"]', (1, 1, 0), "filter")
-    assert memo.get(key, b"\x00") is None
-    memo.put(key, b"\x00", b"answer-0")
-    assert memo.get(key, b"\x00") == b"answer-0"
-    assert memo.get(key, b"\x08") is None  # another verdict: written anew, never reused
-    memo.put(key, b"\x08", b"answer-8")
-    assert memo.get(key, b"\x00") is None and memo.get(key, b"\x08") == b"answer-8"
+    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)  # nothing kept yet
+    assert ask(key, b"\x00", b"other") == (b"answer-0", False)  # same codes: the kept one
+    assert ask(key, b"\x08", b"answer-8") == (b"answer-8", True)  # another verdict: written anew
+    assert ask(key, b"\x08", b"other") == (b"answer-8", False)
+    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)  # the old answer is gone
     for i in range(20):  # the budget holds: the oldest answers go first
-        memo.put((b"x", (i, 0, 0), "filter"), b"c", b"y" * 50)
-    assert memo.get(key, b"\x08") is None
-    assert memo.get((b"x", (19, 0, 0), "filter"), b"c") == b"y" * 50
-    memo.put((b"big", (0, 0, 0), "filter"), b"c", b"z" * 300)  # over a quarter: not kept
-    assert memo.get((b"big", (0, 0, 0), "filter"), b"c") is None
+        ask((b"x", (i, 0, 0), "filter"), b"c", b"y" * 50)
+    assert ask((b"x", (19, 0, 0), "filter"), b"c", b"other") == (b"y" * 50, False)
+    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)
+    big = (b"big", (0, 0, 0), "filter")
+    assert ask(big, b"c", b"z" * 300) == (b"z" * 300, True)  # over a quarter: not kept
+    assert ask(big, b"c", b"z" * 300) == (b"z" * 300, True)
 
 
 async def test_answers_follow_changed_verdicts_on_the_same_list(client):
