@@ -66,6 +66,10 @@ class PodDemand:
     whole_gpus: int = 0
     group: str | None = None
     priority: int = 0
+    cpu_milli: int = 0
+    """Host CPU the pod requests (millicores), as kube-scheduler counts it."""
+    host_memory_mib: int = 0
+    """Host memory the pod requests (MiB)."""
 
     @property
     def wants_gpu(self) -> bool:

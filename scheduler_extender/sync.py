@@ -23,7 +23,7 @@ from typing import Any
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import PolicyError, RequestError
 from scheduler_extender.k8s.client import POLICY_PLURAL, JsonDict, KubeApi, KubeError
-from scheduler_extender.k8s.translate import group_of, requested
+from scheduler_extender.k8s.translate import group_of, host_requests, node_allocatable, requested
 from scheduler_extender.k8s.watchers import Reflector
 from scheduler_extender.names import (
     ASSIGNED_AT_ANNOTATION,
@@ -198,6 +198,7 @@ class ClusterSync:
         labels = node["metadata"].get("labels") or {}
         if previous is None or (previous["metadata"].get("labels") or {}) != labels:
             self.state.set_node_labels(name, labels)
+        self.state.set_host_allocatable(name, *node_allocatable(node))
 
     # -- pods -----------------------------------------------------------------------------------
     def pod_lookup(self, namespace: str, name: str) -> JsonDict | None:
@@ -228,8 +229,10 @@ class ClusterSync:
             self.pods.pop(key, None)
             self._ours.discard(uid)
             self.state.release(uid)  # a deleted pod frees its GPUs, assumed or not
+            self.state.host_pod_gone(uid)
             return
         self.pods[key] = pod
+        self._host_event(uid, pod)
         assignment = assignment_from_pod(pod, self.state)
         if assignment is not None:
             current = self.state.allocations.get(uid)
@@ -239,6 +242,22 @@ class ClusterSync:
         elif uid in self._ours or (pod.get("status") or {}).get("phase") in _FINISHED:
             self._ours.discard(uid)
             self.state.release(uid)
+
+    def _host_event(self, uid: str, pod: JsonDict) -> None:
+        """Count a bound, unfinished pod's CPU and memory requests against its node."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:  # pending: an older event than our bind's, which may hold room already
+            return
+        if (pod.get("status") or {}).get("phase") in _FINISHED:
+            self.state.host_pod_gone(uid)
+            return
+        meta = pod["metadata"]
+        try:
+            cpu, memory = host_requests(pod, f"pod {meta.get('namespace')}/{meta.get('name')}")
+        except RequestError as exc:
+            log.warning("%s", exc)
+            return
+        self.state.host_pod(uid, str(node), cpu, memory)
 
     # -- policy ---------------------------------------------------------------------------------
     def _replace_policies(self, items: list[JsonDict]) -> None:

@@ -79,6 +79,7 @@ def pod(
     group: str | None = None,
     uid: str | None = None,
     namespace: str = "default",
+    requests: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if blocks is not None:
@@ -90,7 +91,10 @@ def pod(
         meta["annotations"] = {"edgegpu.io/qos": qos}
     if group is not None:
         meta["labels"] = {"edgegpu.io/group": group}
-    spec: dict[str, Any] = {"containers": [{"name": "app", "resources": {"limits": limits}}]}
+    resources: dict[str, Any] = {"limits": limits}
+    if requests is not None:
+        resources["requests"] = requests
+    spec: dict[str, Any] = {"containers": [{"name": "app", "resources": resources}]}
     if priority is not None:
         spec["priority"] = priority
     return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
@@ -146,6 +150,8 @@ def batch(
     driver_ok: bool | list[Any] = True,
     rack: int | list[Any] = -1,
     rdma: bool | list[Any] = False,
+    host_cpu_free: float | list[Any] = np.nan,
+    host_memory_free: float | list[Any] = np.nan,
 ) -> NodeBatch:
     """A NodeBatch for direct policy tests; scalars broadcast, lists give per-node/GPU values."""
 
@@ -177,4 +183,6 @@ def batch(
         whole_taken=grid(whole_taken, np.bool_),
         rack=line(rack, np.int64),
         rdma=line(rdma, np.bool_),
+        host_cpu_free=line(host_cpu_free, np.float64),
+        host_memory_free=line(host_memory_free, np.float64),
     )

@@ -45,6 +45,8 @@ def node_batches(draw: st.DrawFn, max_nodes: int = 12, max_gpus: int = 4) -> Nod
         whole_taken=grid(st.booleans(), np.bool_),
         rack=line(st.integers(-1, 2), np.int64),
         rdma=line(st.booleans(), np.bool_),
+        host_cpu_free=line(st.sampled_from([float("nan"), 0.0, 2000.0, 64000.0]), np.float64),
+        host_memory_free=line(st.sampled_from([float("nan"), 0.0, 8192.0, 262144.0]), np.float64),
     )
 
 
@@ -59,4 +61,6 @@ def demands(draw: st.DrawFn) -> PodDemand:
         mem_blocks=0 if whole else draw(st.integers(1, 6)),
         whole_gpus=draw(st.integers(1, 3)) if whole else 0,
         group=draw(st.one_of(st.none(), st.just("job"))),
+        cpu_milli=draw(st.sampled_from([0, 1000, 16000])),
+        host_memory_mib=draw(st.sampled_from([0, 4096, 65536])),
     )

@@ -23,10 +23,17 @@ import yaml
 from benchmarks.openb.replay import Chooser, Cluster, pick
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Pods, Shape
 from scheduler_extender.domain import Health, PodDemand, QosClass
-from scheduler_extender.policy.combine import NodeBatch, finish, gpu_verdict
+from scheduler_extender.policy.combine import (
+    NodeBatch,
+    finish,
+    gpu_verdict,
+    host_verdict,
+    relative_points,
+    to_points,
+)
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
-from scheduler_extender.state.decisions import demand_key
+from scheduler_extender.state.decisions import DemandKey, demand_key
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -41,16 +48,17 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
     return parse_policy(yaml.safe_load(path.read_text()))
 
 
-def demand_of(shape: Shape, qos: QosClass, uid: str) -> PodDemand:
-    """The extender's view of a pod: blocks on one GPU, or whole GPUs."""
-    if shape.sharing:
-        return PodDemand(uid=uid, namespace="openb", name=uid, qos=qos, mem_blocks=shape.milli)
+def demand_of(shape: Shape, qos: QosClass, uid: str, memory_mib: int = 0) -> PodDemand:
+    """The extender's view of a pod: blocks on one GPU or whole GPUs, and its host requests."""
     return PodDemand(
         uid=uid,
         namespace="openb",
         name=uid,
         qos=qos,
-        whole_gpus=shape.num if shape.wants_gpu else 0,
+        mem_blocks=shape.milli if shape.sharing else 0,
+        whole_gpus=shape.num if shape.wants_gpu and not shape.sharing else 0,
+        cpu_milli=shape.cpu,
+        host_memory_mib=memory_mib,
     )
 
 
@@ -78,6 +86,8 @@ def node_batch(cluster: Cluster, rows: IntArray) -> NodeBatch:
         whole_taken=np.zeros(full, dtype=np.bool_),
         rack=np.full(n, -1, dtype=np.int64),
         rdma=np.zeros(n, dtype=np.bool_),
+        host_cpu_free=cluster.cpu[rows].astype(np.float64),
+        host_memory_free=cluster.memory[rows].astype(np.float64),
     )
 
 
@@ -91,15 +101,28 @@ class _Cached:
 
 
 class Ours:
-    """A replay chooser backed by ``gpu_verdict`` and ``finish`` with a learned shape mix."""
+    """A replay chooser backed by ``gpu_verdict`` and ``finish`` with a learned shape mix.
 
-    def __init__(self, pods: Pods, policy: Policy, mode: str, qos_aware: bool = False) -> None:
+    CPU-only pods are scored by ``host_verdict``: the extender configured for every pod (no
+    ``managedResources``) sees them too. With ``gpu_pods_only`` they score 0 everywhere, as
+    with the default scheduler configuration that sends the extender GPU pods only.
+    """
+
+    def __init__(
+        self,
+        pods: Pods,
+        policy: Policy,
+        mode: str,
+        qos_aware: bool = False,
+        gpu_pods_only: bool = False,
+    ) -> None:
         if mode not in ("protocol", "ideal"):
             raise ValueError(f"mode must be protocol or ideal, not {mode!r}")
         self.pods = pods
         self.policy = policy
         self.mode = mode
         self.qos_aware = qos_aware
+        self.gpu_pods_only = gpu_pods_only
         self.seconds = 0.0
         self.calls = 0
 
@@ -107,15 +130,15 @@ class Ours:
         """A fresh decision function for one run (its own learner and verdict cache)."""
         del rng
         learner = MixLearner(self.policy.spec.fragmentation)
-        cache: dict[tuple[int, int, int], _Cached] = {}
+        cache: dict[DemandKey, _Cached] = {}
         default = self.policy.spec.qos.default_class
 
         def decide(
             cluster: Cluster, rows: IntArray, shape: Shape, pod: int
         ) -> tuple[int, IntArray] | None:
             qos = self.pods.qos[pod] if self.qos_aware else default
-            demand = demand_of(shape, qos, f"p{pod}")
-            if not demand.wants_gpu:
+            demand = demand_of(shape, qos, f"p{pod}", int(self.pods.memory[pod]))
+            if not demand.wants_gpu and self.gpu_pods_only:
                 # kube-scheduler asks the extender about GPU pods only; the rest score 0.
                 return pick(np.zeros(rows.size), rows, priority), np.array([-1])
             learner.observe(demand)
@@ -135,24 +158,35 @@ class Ours:
                 cache[key] = entry
             todo = rows[entry.version[rows] != cluster.version[rows]]
             if todo.size:
-                verdict = gpu_verdict(node_batch(cluster, todo), demand, self.policy, NOW, mix)
-                entry.reason[todo] = verdict.reason
-                entry.gpu_sum[todo] = verdict.gpu_sum
-                entry.gpus[todo] = verdict.gpus
+                batch = node_batch(cluster, todo)
+                if demand.wants_gpu:
+                    verdict = gpu_verdict(batch, demand, self.policy, NOW, mix)
+                    entry.reason[todo] = verdict.reason
+                    entry.gpu_sum[todo] = verdict.gpu_sum
+                    entry.gpus[todo] = verdict.gpus
+                else:
+                    entry.gpu_sum[todo] = host_verdict(batch, demand, self.policy, mix)
                 entry.version[todo] = cluster.version[todo]
             n = rows.size
-            known = np.ones(n, dtype=np.bool_)
-            passed, _, score, points = finish(
-                entry.reason[rows],
-                entry.gpu_sum[rows],
-                known,
-                np.zeros(n, dtype=np.bool_),
-                np.zeros(n),
-                demand,
-                self.policy,
-            )
+            if demand.wants_gpu:
+                passed, _, score, points = finish(
+                    entry.reason[rows],
+                    entry.gpu_sum[rows],
+                    np.ones(n, dtype=np.bool_),
+                    np.zeros(n, dtype=np.bool_),
+                    np.zeros(n),
+                    demand,
+                    self.policy,
+                )
+            else:
+                passed = np.ones(n, dtype=np.bool_)
+                score = entry.gpu_sum[rows]
+                points = to_points(score)
             if not passed.any():
                 return None
+            step = self.policy.spec.prioritize.relative_step
+            if step is not None:  # what /prioritize answers for the nodes that passed
+                points = relative_points(score, passed, step)
             ok = rows[passed]
             by = points[passed].astype(np.float64) if self.mode == "protocol" else score[passed]
             node = pick(by, ok, priority)

@@ -167,7 +167,7 @@ def choose_assignment(
     if not ev.passed[0]:
         return None, f"node {node} cannot take the pod: {Reason(int(ev.reason[0])).text}"
     slots = tuple(int(g) for g in ev.gpus[0] if g >= 0)
-    if not slots:
+    if not slots and demand.wants_gpu:
         return None, f"node {node}: no gpu telemetry to choose a gpu from"
     return (
         Assignment(
@@ -212,13 +212,14 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
         )
         if ctx.binder is None:
             ctx.metrics.binds.labels("no_binder").inc()
+            would = f"assign gpu {gpus} on" if gpus else "bind to"
             return wire.encode_binding_result(
-                f"edgegpu: no binder configured (embedded mode, no cluster): would assign gpu "
-                f"{gpus} on node {args.node}"
+                f"edgegpu: no binder configured (embedded mode, no cluster): would {would} "
+                f"node {args.node}"
             )
         # A retried bind finds the assignment already recorded (perhaps read back from the
-        # pod, and so authoritative): keep it as it is.
-        added = ctx.state.allocations.get(assignment.pod_uid) != assignment
+        # pod, and so authoritative): keep it as it is. A pod without GPUs has none to record.
+        added = demand.wants_gpu and ctx.state.allocations.get(assignment.pod_uid) != assignment
         if added:
             ctx.state.assign(assignment)
         try:
@@ -228,6 +229,7 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
                 ctx.state.release(assignment.pod_uid)
             ctx.metrics.binds.labels("failed").inc()
             return wire.encode_binding_result(f"edgegpu: bind failed: {exc}")
+        ctx.state.host_pod(demand.uid, args.node, demand.cpu_milli, demand.host_memory_mib)
         ctx.metrics.binds.labels("bound").inc()
         log.info("bound %s/%s to %s gpu %s", args.pod_namespace, args.pod_name, args.node, gpus)
         return wire.encode_binding_result("")

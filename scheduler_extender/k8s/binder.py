@@ -47,9 +47,10 @@ class KubeBinder:
         self._api = api
 
     def bind_blocking(self, a: Assignment) -> None:
-        """Annotate, then bind; raises BindError with the API server's reason."""
+        """Annotate (a pod given GPUs), then bind; raises BindError with the server's reason."""
         try:
-            self._api.annotate_pod(a.namespace, a.name, assignment_annotations(a))
+            if a.gpu_indices:
+                self._api.annotate_pod(a.namespace, a.name, assignment_annotations(a))
         except KubeError as exc:
             raise BindError(f"cannot annotate pod {a.namespace}/{a.name}: {exc}") from None
         try:

@@ -1,4 +1,4 @@
-"""Pod spec → ``PodDemand``: QoS class, GPU memory blocks, whole GPUs, job group.
+"""Pod spec → ``PodDemand``: QoS class, GPU memory blocks, whole GPUs, host requests, group.
 
 Reads open Pod dicts as the scheduler sends them. Imports ``domain``, ``names``, ``errors`` and
 ``policy.qos`` (the class mapping is a policy rule).
@@ -6,9 +6,13 @@ Reads open Pod dicts as the scheduler sends them. Imports ``domain``, ``names``,
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from kubernetes.utils.quantity import parse_quantity
 
 from scheduler_extender.domain import PodDemand
 from scheduler_extender.errors import RequestError
@@ -22,6 +26,7 @@ from scheduler_extender.names import (
 from scheduler_extender.policy.qos import QosArgs, resolve_class
 
 _WHOLE_NUMBER = re.compile(r"^\+?\d+$")
+T = TypeVar("T", int, Decimal)
 
 
 def _quantity(value: Any, where: str) -> int:
@@ -33,40 +38,99 @@ def _quantity(value: Any, where: str) -> int:
     raise RequestError(f"{where}: {value!r} is not a whole number")
 
 
-def _container_amount(container: Any, resource: str, where: str) -> int:
+def _container_value(
+    container: Any, resource: str, where: str, kinds: tuple[str, str]
+) -> tuple[Any, str] | None:
+    """A resource's value in a container's ``kinds`` tables (first found), and where it was."""
     if not isinstance(container, dict):
         raise RequestError(f"{where} must be an object")
     resources = container.get("resources") or {}
     if not isinstance(resources, dict):
         raise RequestError(f"{where}.resources must be an object")
-    # For extended resources requests default to limits and must equal them when both are set.
-    for kind in ("limits", "requests"):
+    for kind in kinds:
         table = resources.get(kind) or {}
         if not isinstance(table, dict):
             raise RequestError(f"{where}.resources.{kind} must be an object")
         if resource in table:
-            return _quantity(table[resource], f"{where}.resources.{kind}[{resource!r}]")
-    return 0
+            return table[resource], f"{where}.resources.{kind}[{resource!r}]"
+    return None
 
 
-def requested(pod: Mapping[str, Any], resource: str, where: str) -> int:
-    """Effective request of one resource: max(Σ containers, max init container)."""
+def _effective(pod: Mapping[str, Any], where: str, amount: Callable[[Any, str], T], zero: T) -> T:
+    """max(Σ containers, max init container) of a per-container ``amount``."""
     spec = pod.get("spec") or {}
     if not isinstance(spec, dict):
         raise RequestError(f"{where}: spec must be an object")
-    total = 0
-    init_max = 0
+    total = init_max = zero
     for field, is_init in (("containers", False), ("initContainers", True)):
         containers = spec.get(field) or []
         if not isinstance(containers, list):
             raise RequestError(f"{where}: spec.{field} must be a list")
         for i, container in enumerate(containers):
-            amount = _container_amount(container, resource, f"{where}: spec.{field}[{i}]")
+            value = amount(container, f"{where}: spec.{field}[{i}]")
             if is_init:
-                init_max = max(init_max, amount)
+                init_max = max(init_max, value)
             else:
-                total += amount
+                total = total + value
     return max(total, init_max)
+
+
+def requested(pod: Mapping[str, Any], resource: str, where: str) -> int:
+    """Effective request of one extended resource: max(Σ containers, max init container)."""
+
+    def amount(container: Any, at: str) -> int:
+        # For extended resources requests default to limits and must equal them when both are set.
+        found = _container_value(container, resource, at, ("limits", "requests"))
+        return 0 if found is None else _quantity(*found)
+
+    return _effective(pod, where, amount, 0)
+
+
+def _host_quantity(value: Any, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RequestError(f"{where}: {value!r} is not a quantity")
+    try:
+        amount: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
+    except (ValueError, ArithmeticError):
+        raise RequestError(f"{where}: {value!r} is not a quantity") from None
+    if amount < 0:
+        raise RequestError(f"{where}: {value!r} is negative")
+    return amount
+
+
+_HOST_UNITS = (("cpu", Decimal("0.001")), ("memory", Decimal(1 << 20)))
+"""Host resources in the units the extender keeps: millicores and MiB."""
+
+
+def host_requests(pod: Mapping[str, Any], where: str) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) the pod requests: max(Σ containers, max init container).
+
+    A container's request defaults to its limit (as the API server does). Rounded up, as the
+    scheduler would never place a pod on less than it asks.
+    """
+    out = []
+    for resource, unit in _HOST_UNITS:
+
+        def amount(container: Any, at: str, resource: str = resource) -> Decimal:
+            found = _container_value(container, resource, at, ("requests", "limits"))
+            return Decimal(0) if found is None else _host_quantity(*found)
+
+        out.append(math.ceil(_effective(pod, where, amount, Decimal(0)) / unit))
+    return out[0], out[1]
+
+
+def node_allocatable(node: Mapping[str, Any]) -> tuple[float, float]:
+    """A Node's allocatable (CPU millicores, memory MiB); NaN for what is missing or unreadable."""
+    status = node.get("status") or {}
+    table = status.get("allocatable") if isinstance(status, dict) else None
+    out = []
+    for resource, unit in _HOST_UNITS:
+        value = table.get(resource) if isinstance(table, dict) else None
+        try:
+            out.append(float(_host_quantity(value, resource) / unit))
+        except RequestError:
+            out.append(math.nan)
+    return out[0], out[1]
 
 
 def group_of(labels: Mapping[str, Any]) -> str | None:
@@ -112,6 +176,7 @@ def pod_demand(pod: Mapping[str, Any], qos: QosArgs) -> PodDemand:
         raise RequestError(
             f"{where}: asks for both {MEM_BLOCK_RESOURCE} and {WHOLE_GPU_RESOURCE}; use one"
         )
+    cpu, memory = host_requests(pod, where)
     return PodDemand(
         uid=uid,
         namespace=namespace,
@@ -121,4 +186,6 @@ def pod_demand(pod: Mapping[str, Any], qos: QosArgs) -> PodDemand:
         whole_gpus=whole,
         group=group_of(labels),
         priority=priority or 0,
+        cpu_milli=cpu,
+        host_memory_mib=memory,
     )

@@ -60,6 +60,10 @@ class NodeBatch:
     rack: IntArray
     """Rack id (an index into the context's rack table); -1 = no rack."""
     rdma: BoolArray
+    host_cpu_free: FloatArray
+    """Host CPU not requested by the node's pods (millicores); NaN = unknown."""
+    host_memory_free: FloatArray
+    """Host memory not requested by the node's pods (MiB); NaN = unknown."""
 
     @property
     def size(self) -> int:
@@ -230,6 +234,29 @@ def gpu_verdict(
     )
 
 
+def _frag_applies(demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix) -> bool:
+    """Whether a placement of this pod is scored by the fragmentation it leaves."""
+    args = policy.spec.fragmentation
+    if not args.enabled or mix.empty:
+        return False
+    return demand.qos.packs or demand.needs_whole_gpu or not demand.wants_gpu
+
+
+def _gpu_room(
+    batch: NodeBatch, policy: Policy, free: IntArray
+) -> tuple[IntArray, BoolArray, fragmentation.HostRoom]:
+    """Free blocks a shared pod could use, idle GPUs and host room, as fragmentation sees them."""
+    idle = memory.is_idle(
+        batch.unaccounted_used_mib,
+        batch.allocated_blocks,
+        batch.whole_taken,
+        policy.spec.memory,
+    )
+    idle &= batch.present
+    room = np.where(batch.whole_taken, 0, free)  # a slot without a GPU has 0 free
+    return room, idle, fragmentation.HostRoom(batch.host_cpu_free, batch.host_memory_free)
+
+
 def _fit(
     batch: NodeBatch,
     demand: PodDemand,
@@ -240,20 +267,33 @@ def _fit(
     usable: BoolArray,
 ) -> FloatArray:
     """The memoryFit term per GPU: fragmentation score where it applies, else best fit."""
-    args = policy.spec.fragmentation
-    if args.enabled and not mix.empty and (demand.qos.packs or demand.needs_whole_gpu):
-        idle = memory.is_idle(
-            batch.unaccounted_used_mib,
-            batch.allocated_blocks,
-            batch.whole_taken,
-            policy.spec.memory,
-        )
-        idle &= batch.present
-        room = np.where(batch.whole_taken, 0, free)  # a slot without a GPU has 0 free
-        return fragmentation.score(room, idle, capacity, usable, demand, mix, args)
+    if _frag_applies(demand, policy, mix):
+        room, idle, host = _gpu_room(batch, policy, free)
+        args = policy.spec.fragmentation
+        return fragmentation.score(room, idle, capacity, usable, demand, mix, args, host)
     return memory.fit_score(
         free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
     )
+
+
+def host_verdict(
+    batch: NodeBatch, demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix
+) -> FloatArray:
+    """Score (0..1) per node for a pod that asks for no GPU; every node passes.
+
+    With fragmentation scoring on, the pod scores by the GPU it would strand or fragment by
+    taking host CPU and memory (0.5 where it changes nothing, as on a node without GPUs);
+    otherwise 0 everywhere.
+    """
+    if not _frag_applies(demand, policy, mix):
+        return np.zeros(batch.size)
+    spec = policy.spec
+    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
+    free = memory.free_blocks(
+        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+    )
+    room, idle, host = _gpu_room(batch, policy, free)
+    return fragmentation.host_score(room, idle, capacity, host, demand, mix, spec.fragmentation)
 
 
 def finish(
@@ -285,10 +325,28 @@ def finish(
     total = sum(weights)
     raw = gpu_sum + weights[_TOPOLOGY] * topo if weights[_TOPOLOGY] > 0 else gpu_sum
     score = np.where(scored, raw * (1.0 / total), 0.0) if total > 0 else np.zeros(raw.shape)
-    points = np.minimum(np.maximum(np.floor(score * MAX_SCORE + 0.5), 0), MAX_SCORE).astype(
-        np.int64
-    )
-    return passed, reason, score, points
+    return passed, reason, score, to_points(score)
+
+
+def relative_points(score: FloatArray, passed: BoolArray, step: float) -> IntArray:
+    """Points relative to the best passing node: MAX_SCORE − ⌈(best − score) / step⌉, ≥ 0.
+
+    kube-scheduler's 0..10 extender scale cannot tell apart nodes whose scores differ by less
+    than 0.05; this spends the ten points on the scores near the best candidate instead
+    (``spec.prioritize.relativeStep``). Nodes that did not pass get 0.
+    """
+    if not passed.any():
+        return np.zeros(score.shape[0], dtype=np.int64)
+    best = score[passed].max()
+    below = np.ceil((best - score) / step - 1e-9)
+    points: IntArray = np.where(passed, np.maximum(MAX_SCORE - below, 0), 0).astype(np.int64)
+    return points
+
+
+def to_points(score: FloatArray) -> IntArray:
+    """A 0..1 score on kube-scheduler's extender scale: round(MAX_SCORE · score)."""
+    points: IntArray = np.minimum(np.maximum(np.floor(score * MAX_SCORE + 0.5), 0), MAX_SCORE)
+    return points.astype(np.int64)
 
 
 def is_stale(
@@ -323,18 +381,24 @@ def topology_term(
 def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) -> Evaluation:
     """Filter and score every node of the batch for one pod: ``gpu_verdict`` then ``finish``.
 
-    A pod that asks for no GPU passes everywhere with score 0.
+    A pod that asks for no GPU passes everywhere and scores by ``host_verdict`` (its
+    memoryFit term).
     """
     n = batch.size
     weights = demand_weights(demand, policy)
+    step = policy.spec.prioritize.relative_step
     if not demand.wants_gpu:
+        score = host_verdict(batch, demand, policy, ctx.mix)
+        terms = np.zeros((n, len(TERMS)))
+        terms[:, TERMS.index("memoryFit")] = score
+        everywhere = np.ones(n, dtype=np.bool_)
         return Evaluation(
-            passed=np.ones(n, dtype=np.bool_),
+            passed=everywhere,
             reason=np.zeros(n, dtype=np.int64),
-            score=np.zeros(n),
-            points=np.zeros(n, dtype=np.int64),
+            score=score,
+            points=to_points(score) if step is None else relative_points(score, everywhere, step),
             gpus=np.full((n, 1), -1, dtype=np.int64),
-            terms=np.zeros((n, len(TERMS))),
+            terms=terms,
             weights=weights,
         )
     verdict = gpu_verdict(batch, demand, policy, ctx.now, ctx.mix)
@@ -347,7 +411,7 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
         passed=passed,
         reason=reason,
         score=score,
-        points=points,
+        points=points if step is None else relative_points(score, passed, step),
         gpus=np.where((reason == Reason.OK)[:, None], verdict.gpus, -1),
         terms=np.concatenate([verdict.terms, topo[:, None]], axis=1),
         weights=weights,

@@ -25,6 +25,21 @@ from scheduler_extender.policy.thermal import ThermalArgs
 from scheduler_extender.policy.topology import TopologyArgs
 
 
+class PrioritizeArgs(ArgsModel):
+    """``spec.prioritize`` (ours): how scores become kube-scheduler's 0..10 points."""
+
+    relative_step: float | None = Field(
+        None,
+        alias="relativeStep",
+        gt=0,
+        le=1,
+        description=(
+            "Unset: points = round(10 × score). Set: the best candidate of a request gets 10 "
+            "and a node loses one point per step of score below it (finer choices, e.g. 0.01)."
+        ),
+    )
+
+
 class PolicySpec(ArgsModel):
     """``spec``: every rule's arguments. Unknown keys are errors (a typo must not pass silently)."""
 
@@ -40,6 +55,7 @@ class PolicySpec(ArgsModel):
     stale_telemetry: StaleArgs = Field(default_factory=StaleArgs, alias="staleTelemetry")
     topology: TopologyArgs = Field(default_factory=TopologyArgs)
     remediation: RemediationArgs = Field(default_factory=RemediationArgs)
+    prioritize: PrioritizeArgs = Field(default_factory=PrioritizeArgs)
 
 
 class PolicyMetadata(BaseModel):

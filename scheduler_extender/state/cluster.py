@@ -24,8 +24,11 @@ from scheduler_extender.policy.combine import (
     NodeBatch,
     evaluate,
     finish,
+    host_verdict,
     is_stale,
+    relative_points,
     stale_from,
+    to_points,
     topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
@@ -38,6 +41,7 @@ from scheduler_extender.state.decisions import (
     VerdictCache,
     demand_key,
 )
+from scheduler_extender.state.host import HostLedger
 from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
@@ -60,13 +64,16 @@ class _Rows:
     passed: npt.NDArray[np.bool_]
     reason: npt.NDArray[np.int64]
     points: npt.NDArray[np.int64]
+    score: npt.NDArray[np.float64]
     deadline: npt.NDArray[np.float64]
 
     def kept(self, version: npt.NDArray[np.int64], stamp: tuple[object, ...]) -> _Memo:
         """These verdicts as the decision of a whole list, at these row versions."""
-        for array in (self.passed, self.reason, self.points, self.deadline, version):
+        for array in (self.passed, self.reason, self.points, self.score, self.deadline, version):
             array.flags.writeable = False
-        return _Memo(self.passed, self.reason, self.points, self.deadline, version, stamp)
+        return _Memo(
+            self.passed, self.reason, self.points, self.score, self.deadline, version, stamp
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +92,10 @@ class _Memo(_Rows):
     ) -> _Memo:
         """A copy with the positions ``at`` decided again (earlier answers stay untouched)."""
         passed, reason = self.passed.copy(), self.reason.copy()
-        points, deadline = self.points.copy(), self.deadline.copy()
+        points, score, deadline = self.points.copy(), self.score.copy(), self.deadline.copy()
         passed[at], reason[at] = rows.passed, rows.reason
-        points[at], deadline[at] = rows.points, rows.deadline
-        return _Rows(passed, reason, points, deadline).kept(version, self.stamp)
+        points[at], score[at], deadline[at] = rows.points, rows.score, rows.deadline
+        return _Rows(passed, reason, points, score, deadline).kept(version, self.stamp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,7 @@ class ClusterState:
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
+        self.host = HostLedger()
         self._node_labels: dict[str, Mapping[str, str]] = {}
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._verdicts = VerdictCache()
@@ -155,7 +163,26 @@ class ClusterState:
         """Drop everything about a node that left the cluster."""
         self.store.forget(node)
         self._node_labels.pop(node, None)
+        self.host.forget_node(node)
         self.table.remove(node)
+
+    def set_host_allocatable(self, node: str, cpu_milli: float, memory_mib: float) -> None:
+        """A Node's allocatable CPU (millicores) and memory (MiB); NaN where unknown."""
+        if self.host.set_allocatable(node, cpu_milli, memory_mib):
+            self.table.set_host_room(node, *self.host.free(node))
+
+    def host_pod(self, pod_uid: str, node: str, cpu_milli: int, memory_mib: int) -> None:
+        """A pod bound to (or running on) ``node`` requests this host CPU and memory."""
+        for changed in self.host.place(pod_uid, node, cpu_milli, memory_mib):
+            self._write_host(changed)
+
+    def host_pod_gone(self, pod_uid: str) -> None:
+        """A pod no longer holds host room (deleted, finished, bind failed)."""
+        for changed in self.host.remove(pod_uid):
+            self._write_host(changed)
+
+    def _write_host(self, node: str) -> None:
+        self.table.set_host_room(node, *self.host.free(node))
 
     def remember_demand(self, demand: PodDemand) -> None:
         """Keep what a pod asked for, so that bind (which gets only the pod's name) knows it.
@@ -244,15 +271,21 @@ class ClusterState:
         self.expire()
         n = len(names)
         if not demand.wants_gpu:
+            passed = np.ones(n, dtype=np.bool_)
             zeros = np.zeros(n, dtype=np.int64)
-            return Decision(names, np.ones(n, dtype=np.bool_), zeros, zeros)
+            if not self.policy.spec.fragmentation.enabled or self.mix.empty:
+                score = np.zeros(n)
+            else:
+                score = host_verdict(self.batch(names, labels), demand, self.policy, self.mix)
+            return Decision(names, passed, zeros, self._points(to_points(score), score, passed))
         now = self.clock.monotonic()
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         ctx = self.context(demand) if demand.group is not None else None
         if labels is not None or nameset.raw is None:
             part = self._decide_rows(rows, demand, now, ctx, labels)
-            return Decision(names, part.passed, part.reason, part.points, nameset)
+            points = self._points(part.points, part.score, part.passed)
+            return Decision(names, part.passed, part.reason, points, nameset)
         key = (nameset.raw, demand_key(demand), demand.group)
         stamp = (
             id(self.policy),
@@ -275,7 +308,18 @@ class ClusterState:
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
             self._decisions.popitem(last=False)
-        return Decision(names, memo.passed, memo.reason, memo.points, nameset)
+        points = self._points(memo.points, memo.score, memo.passed)
+        return Decision(names, memo.passed, memo.reason, points, nameset)
+
+    def _points(
+        self,
+        points: npt.NDArray[np.int64],
+        score: npt.NDArray[np.float64],
+        passed: npt.NDArray[np.bool_],
+    ) -> npt.NDArray[np.int64]:
+        """Points as the policy expresses them: absolute, or relative to the list's best."""
+        step = self.policy.spec.prioritize.relative_step
+        return points if step is None else relative_points(score, passed, step)
 
     def _decide_rows(
         self,
@@ -301,10 +345,10 @@ class ClusterState:
             topo = topology_term(rack, rdma, demand, policy, ctx)
         else:
             topo = np.zeros(rows.shape[0])
-        passed, reason, _, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
+        passed, reason, score, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
         # A stale row stays stale until it is written again; a fresh one may turn stale.
         turns = np.where(stale, np.inf, stale_from(known, received_at, interval_s, policy))
-        return _Rows(passed, reason, points, np.minimum(valid_until, turns))
+        return _Rows(passed, reason, points, score, np.minimum(valid_until, turns))
 
     def context(self, demand: PodDemand) -> Context:
         """The time, plus where the pod's group runs and how much room each rack has."""

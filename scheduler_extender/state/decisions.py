@@ -27,12 +27,21 @@ from scheduler_extender.state.table import NodeTable
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-DemandKey = tuple[int, int, int]
+DemandKey = tuple[int, int, int, int, int]
 
 
 def demand_key(demand: PodDemand) -> DemandKey:
-    """What a GPU verdict depends on: the class (weights, whole-GPU rule) and the amounts."""
-    return (int(demand.qos), demand.mem_blocks, demand.whole_gpus)
+    """What a GPU verdict depends on: the class (weights, whole-GPU rule) and the amounts.
+
+    Host requests count too: fragmentation scoring takes them from the node's host room.
+    """
+    return (
+        int(demand.qos),
+        demand.mem_blocks,
+        demand.whole_gpus,
+        demand.cpu_milli,
+        demand.host_memory_mib,
+    )
 
 
 @dataclass(slots=True)

@@ -17,7 +17,14 @@ import numpy.typing as npt
 from scheduler_extender.policy import thermal
 from scheduler_extender.policy.combine import NodeBatch
 
-_NODE_FLOAT = ("received_at", "interval_s", "free_blocks", "idle_gpus")
+_NODE_FLOAT = (
+    "received_at",
+    "interval_s",
+    "free_blocks",
+    "idle_gpus",
+    "host_cpu_free",
+    "host_memory_free",
+)
 _NODE_BOOL = ("known", "driver_ok", "rdma")
 _GPU_FLOAT = (
     "temperature_c",
@@ -240,6 +247,13 @@ class NodeTable:
             if i < self._gpus:
                 c["unaccounted_used_mib"][row, i] = mib
 
+    def set_host_room(self, node: str, cpu_milli: float, memory_mib: float) -> None:
+        """A node's free host CPU and memory (NaN = unknown)."""
+        row = self._row_for(node)
+        self._touch(row)
+        self._cols["host_cpu_free"][row] = cpu_milli
+        self._cols["host_memory_free"][row] = memory_mib
+
     def set_labels(self, node: str, rack: str | None, rdma: bool) -> None:
         """Set a node's rack and RDMA flag (from a Node object or the agent's labels)."""
         row = self._row_for(node)
@@ -303,4 +317,6 @@ class NodeTable:
             whole_taken=c["whole_taken"][rows],
             rack=c["rack"][rows],
             rdma=c["rdma"][rows],
+            host_cpu_free=c["host_cpu_free"][rows],
+            host_memory_free=c["host_memory_free"][rows],
         )

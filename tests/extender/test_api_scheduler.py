@@ -282,3 +282,35 @@ async def test_preempt_passes_placeholder_nodes_without_victims_through(client):
     body = {"Pod": pod(), "NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
     resp = await client.post("/preempt", content=orjson.dumps(body))
     assert resp.json() == {"NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
+
+
+async def test_cpu_only_pods_score_by_the_gpus_they_would_strand_and_bind_without_gpus(clock):
+    from scheduler_extender.policy.document import parse_policy
+
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    state = app.state.ctx.state
+    state.set_policy(parse_policy({"spec": {"fragmentation": {"enabled": True}}}))
+    async with client:
+        big = [gpu(i, memory_total_mib=4096.0) for i in range(4)]
+        await push(client, report("roomy", big), report("tight", big), report("cpu-node", []))
+        state.set_host_allocatable("roomy", 64_000.0, 262_144.0)
+        state.set_host_allocatable("tight", 16_000.0, 262_144.0)
+        # GPU pods asking 4 cores and 16 GiB per GPU teach the demand per GPU.
+        for i in range(3):
+            gpu_pod = pod(f"g{i}", blocks=1, requests={"cpu": "4", "memory": "16Gi"})
+            await client.post("/filter", json=args_names(gpu_pod, ["roomy", "tight"]))
+        cpu_pod = pod("c", blocks=None, requests={"cpu": "12", "memory": "8Gi"})
+        names = ["roomy", "tight", "cpu-node"]
+        assert (await client.post("/filter", json=args_names(cpu_pod, names))).json()[
+            "NodeNames"
+        ] == names
+        resp = await client.post("/prioritize", json=args_names(cpu_pod, names))
+        scores = {h["Host"]: h["Score"] for h in resp.json()}
+        # 12 cores on "tight" would leave 4 for its 4 idle GPUs: it strands GPUs there.
+        assert scores["tight"] < scores["roomy"] and scores["tight"] < scores["cpu-node"]
+        bind = {"PodName": "c", "PodNamespace": "default", "PodUID": "uid-c", "Node": "roomy"}
+        assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
+        assert binder.calls[-1].gpu_indices == ()  # bound, with no GPU annotation to write
+        assert state.allocations.get("uid-c") is None
+        assert state.host.free("roomy") == (52_000, 262_144 - 8_192)

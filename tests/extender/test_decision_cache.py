@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from scheduler_extender.api import verbs
@@ -170,6 +171,36 @@ def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_chan
         assert (a.passed == b.passed).all() and (a.points == b.points).all()
         versions.add(state.mix.version)
     assert len(versions) >= 3 and not state.mix.empty
+
+
+@pytest.mark.parametrize("step", [None, 0.02])
+def test_host_room_and_cpu_only_pods_keep_decide_and_evaluate_in_step(clock, step):
+    from scheduler_extender.policy.document import parse_policy
+
+    _, state, rng = fleet(clock, nodes=30, seed=5)
+    spec = {"fragmentation": {"enabled": True, "refreshEvery": 3, "hostWeight": 1.0}}
+    state.set_policy(parse_policy({"spec": {**spec, "prioritize": {"relativeStep": step}}}))
+    names = [f"n{i}" for i in range(30)]
+    raw = orjson.dumps(names)
+    for i in range(0, 30, 2):  # half the nodes have a Node object with allocatable
+        state.set_host_allocatable(f"n{i}", 16_000.0, 65_536.0)
+    spread = set()
+    for i in range(12):
+        requests = {"cpu": f"{rng.choice([1, 4, 12])}", "memory": f"{rng.choice([2, 30])}Gi"}
+        spec_ = pod(f"p{i}", blocks=None if i % 4 == 0 else rng.choice([1, 2]), requests=requests)
+        demand = pod_demand(spec_, state.policy.spec.qos)
+        state.remember_demand(demand)
+        for _ in range(2):  # the second time from the kept decision
+            a = state.decide(names, demand, raw_names=raw)
+            b = state.evaluate(names, demand)
+            assert (a.passed == b.passed).all() and (a.points == b.points).all()
+        if i % 4 == 0:
+            assert a.passed.all()  # a CPU-only pod passes everywhere
+            spread.add(tuple(a.points))
+        # the pod is bound on its best node: the host room there shrinks
+        best = int(np.argmax(np.where(a.passed, a.points, -1)))
+        state.host_pod(demand.uid, names[best], demand.cpu_milli, demand.host_memory_mib)
+    assert any(len(set(p)) > 1 for p in spread)  # host room told the nodes apart
 
 
 def test_a_kept_decision_is_patched_only_where_rows_changed(clock):

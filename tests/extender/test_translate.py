@@ -66,3 +66,40 @@ def test_a_non_integer_priority_is_refused():
     p["spec"]["priority"] = "high"
     with pytest.raises(RequestError, match=r"spec\.priority"):
         pod_demand(p, QOS)
+
+
+def test_host_requests_read_cpu_and_memory_like_the_scheduler():
+    from scheduler_extender.k8s.translate import host_requests
+
+    p = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}},
+                # only limits: the request defaults to them
+                {"name": "b", "resources": {"limits": {"cpu": 2, "memory": "512Mi"}}},
+                {"name": "c"},
+            ],
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "4"}}}],
+        },
+    }
+    # CPU: max(1.5 + 2, 4) = 4 cores; memory: 1 GiB + 512 MiB, rounded up to MiB.
+    assert host_requests(p, "pod p") == (4000, 1536)
+    d = pod_demand(pod("q", requests={"cpu": "250m", "memory": "1000000"}), QOS)
+    assert (d.cpu_milli, d.host_memory_mib) == (250, 1)  # 1e6 bytes is just under 1 MiB
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", True, {"x": 1}])
+def test_a_bad_cpu_request_is_a_clear_error(bad):
+    with pytest.raises(RequestError, match="cpu"):
+        pod_demand(pod("q", requests={"cpu": bad}), QOS)
+
+
+def test_node_allocatable_is_nan_where_missing_or_unreadable():
+    from scheduler_extender.k8s.translate import node_allocatable
+
+    cpu, mem = node_allocatable({"status": {"allocatable": {"cpu": "7900m", "memory": "x"}}})
+    assert cpu == 7900 and mem != mem
+    cpu, mem = node_allocatable({"status": {"allocatable": {"memory": "2Gi"}}})
+    assert cpu != cpu and mem == 2048
+    assert all(v != v for v in node_allocatable({}))

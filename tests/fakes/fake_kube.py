@@ -256,14 +256,19 @@ class FakeKube:
             if obj is not None:
                 self._record(plural, "DELETED", obj)
 
-    def add_node(self, name: str, labels: dict[str, str] | None = None, **spec: Any) -> JSON:
+    def add_node(self, name: str, labels: dict[str, str] | None = None, *,
+                 allocatable: dict[str, str] | None = None, **spec: Any) -> JSON:  # fmt: skip
+        status = {
+            "allocatable": allocatable or {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}
+        }
         return self.put("nodes", {"metadata": {"name": name, "labels": labels or {}}, "spec": spec,
-                                  "status": {"allocatable": {"cpu": "16", "nvidia.com/gpu": "4"}}})  # fmt: skip
+                                  "status": status})  # fmt: skip
 
     def add_pod(self, name: str, namespace: str = "default", node: str | None = None, *,
                 labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
                 uid: str | None = None, service_account: str = "default", phase: str = "Pending",
-                limits: dict[str, str] | None = None) -> JSON:  # fmt: skip
+                limits: dict[str, str] | None = None,
+                requests: dict[str, str] | None = None) -> JSON:  # fmt: skip
         meta: JSON = {
             "name": name,
             "namespace": namespace,
@@ -273,7 +278,7 @@ class FakeKube:
         if uid:
             meta["uid"] = uid
         spec: JSON = {"serviceAccountName": service_account,
-                      "containers": [{"name": "app", "image": "app:1", "resources": {"limits": limits or {}}}]}  # fmt: skip
+                      "containers": [{"name": "app", "image": "app:1", "resources": {"limits": limits or {}, "requests": requests or {}}}]}  # fmt: skip
         if node:
             spec["nodeName"] = node
         return self.put("pods", {"metadata": meta, "spec": spec, "status": {"phase": phase}})

@@ -182,3 +182,27 @@ async def test_pods_bound_with_annotations_hold_their_gpus_until_deleted(kube, k
         kube.delete("pods", "holder")
         await eventually(lambda: state.allocations.get("uid-holder") is None)
         assert (await client.post("/filter", json=filt)).json()["NodeNames"] == ["n1"]
+
+
+async def test_host_room_is_allocatable_less_the_requests_of_bound_unfinished_pods(
+    kube, kubeconfig
+):
+    kube.add_node("n1", allocatable={"cpu": "16", "memory": "64Gi"})
+    async with running_extender(kubeconfig) as (app, _client):
+        await eventually(lambda: app.state.ctx.ready)
+        state = app.state.ctx.state
+        assert state.host.free("n1") == (16_000, 65_536)
+        kube.add_pod("a", node="n1", uid="uid-a", phase="Running",
+                     requests={"cpu": "1500m", "memory": "8Gi"})  # fmt: skip
+        kube.add_pod("b", node="n1", uid="uid-b", phase="Running", limits={"cpu": "2"})
+        kube.add_pod("pending", uid="uid-p", requests={"cpu": "4"})  # not bound: holds nothing
+        await eventually(lambda: state.host.free("n1") == (12_500, 57_344))
+        row = state.table.row("n1")
+        assert state.table.column("host_cpu_free")[row] == 12_500
+        kube.add_pod("b", node="n1", uid="uid-b", phase="Succeeded", limits={"cpu": "2"})
+        await eventually(lambda: state.host.free("n1") == (14_500, 57_344))
+        kube.delete("pods", "a")
+        await eventually(lambda: state.host.free("n1") == (16_000, 65_536))
+        kube.add_node("n1", allocatable={"cpu": "8", "memory": "oops"})
+        await eventually(lambda: state.host.free("n1")[0] == 8_000)
+        assert state.host.free("n1")[1] != state.host.free("n1")[1]  # unreadable: NaN

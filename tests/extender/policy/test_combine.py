@@ -263,3 +263,13 @@ def test_every_term_is_reported_for_the_chosen_gpu():
     assert ev.terms.shape == (1, len(TERMS))
     assert ev.terms[0, TERMS.index("thermal")] == pytest.approx(0.5)
     assert ev.terms[0, TERMS.index("power")] == pytest.approx(0.5)
+
+
+def test_relative_points_spend_the_ten_points_near_the_best_passing_node():
+    from scheduler_extender.policy.combine import relative_points
+
+    score = np.array([0.90, 0.895, 0.88, 0.70, 0.99])
+    passed = np.array([True, True, True, True, False])
+    # best passing is 0.90: 0.005 below is one step of 0.01 (rounded up), 0.02 two, 0.2 is 0.
+    assert relative_points(score, passed, 0.01).tolist() == [10, 9, 8, 0, 0]
+    assert relative_points(score, np.zeros(5, dtype=bool), 0.01).tolist() == [0] * 5
