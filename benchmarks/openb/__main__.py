@@ -14,7 +14,9 @@ from typing import Any
 
 from benchmarks.openb import frag, ours, policies, replay, trace
 
-POLICIES = (*policies.BASELINES, "edgegpu", "edgegpu-ideal")
+POLICIES = (*policies.BASELINES, "edgegpu", "edgegpu-ideal", "edgegpu-gpupods")
+"""``edgegpu-gpupods``: protocol mode with the extender asked about GPU pods only (the default
+``managedResources``), so CPU-only pods land by kube-scheduler's tie-break alone."""
 PUBLISHED_NAMES = {
     "01-Random": "random",
     "02-DotProd": "dotprod",
@@ -50,7 +52,10 @@ def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
         result = rp.run(seed, chooser=replay.random_chooser)
     elif policy.startswith("edgegpu"):
         mode = "ideal" if policy == "edgegpu-ideal" else "protocol"
-        result = rp.run(seed, chooser=ours.Ours(pods, ours.load_policy(), mode).chooser)
+        chooser = ours.Ours(
+            pods, ours.load_policy(), mode, gpu_pods_only=policy == "edgegpu-gpupods"
+        ).chooser
+        result = rp.run(seed, chooser=chooser)
     else:
         scorers: dict[str, policies.Scorer] = {
             "dotprod": policies.DotProd(),

@@ -56,6 +56,26 @@ async def test_bind_writes_the_assignment_then_the_binding_and_is_idempotent(kub
         assert state.allocations.get("uid-p1").gpu_indices == (1,)
 
 
+async def test_a_pod_without_gpus_is_bound_without_annotations_and_holds_host_room(
+    kube, kubeconfig
+):
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+        kube.add_node("n1", allocatable={"cpu": "16", "memory": "64Gi"})
+        kube.add_pod("web", uid="uid-web", requests={"cpu": "2", "memory": "1Gi"})
+        spec = pod("web", blocks=None, requests={"cpu": "2", "memory": "1Gi"})
+        assert (await client.post("/filter", json=args_names(spec, ["n1"]))).json()[
+            "NodeNames"
+        ] == ["n1"]
+        assert (await client.post("/bind", json=bind_body("web", "n1"))).json() == {"Error": ""}
+        stored = kube.get("pods", "web")
+        assert stored["spec"]["nodeName"] == "n1"
+        assert not any(k.startswith("edgegpu.io/") for k in stored["metadata"]["annotations"])
+        assert not any(r[0] == "PATCH" and "/pods/web" in r[1] for r in kube.requests)
+        state = app.state.ctx.state
+        await eventually(lambda: state.host.free("n1") == (14_000, 64_512))
+
+
 async def test_a_bind_refused_by_the_api_server_releases_the_reservation(kube, kubeconfig):
     async with running_extender(kubeconfig) as (app, client):
         await ready(app)
