@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +33,12 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
     spec = state.policy.spec
     assignments = state.allocations.on_node(node)
     view: dict[str, Any] = {"node": node}
+    cpu_free, memory_free = state.host.free(node)
+    # Free host room (Node allocatable less bound pods' requests); null without a Node object.
+    view["host_free"] = {
+        "cpu_milli": None if math.isnan(cpu_free) else cpu_free,
+        "memory_mib": None if math.isnan(memory_free) else memory_free,
+    }
     if record is None or row is None:
         view.update(reported=False, gpus=[])
     else:

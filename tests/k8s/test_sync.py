@@ -188,7 +188,7 @@ async def test_host_room_is_allocatable_less_the_requests_of_bound_unfinished_po
     kube, kubeconfig
 ):
     kube.add_node("n1", allocatable={"cpu": "16", "memory": "64Gi"})
-    async with running_extender(kubeconfig) as (app, _client):
+    async with running_extender(kubeconfig) as (app, client):
         await eventually(lambda: app.state.ctx.ready)
         state = app.state.ctx.state
         assert state.host.free("n1") == (16_000, 65_536)
@@ -201,6 +201,8 @@ async def test_host_room_is_allocatable_less_the_requests_of_bound_unfinished_po
         assert state.table.column("host_cpu_free")[row] == 12_500
         kube.add_pod("b", node="n1", uid="uid-b", phase="Succeeded", limits={"cpu": "2"})
         await eventually(lambda: state.host.free("n1") == (14_500, 57_344))
+        view = (await client.get("/debug/nodes/n1")).json()
+        assert view["host_free"] == {"cpu_milli": 14_500, "memory_mib": 57_344}
         kube.delete("pods", "a")
         await eventually(lambda: state.host.free("n1") == (16_000, 65_536))
         kube.add_node("n1", allocatable={"cpu": "8", "memory": "oops"})
