@@ -28,8 +28,7 @@ from scheduler_extender.policy.combine import (
     finish,
     gpu_verdict,
     host_verdict,
-    relative_points,
-    to_points,
+    prioritize_points,
 )
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
@@ -181,12 +180,11 @@ class Ours:
             else:
                 passed = np.ones(n, dtype=np.bool_)
                 score = entry.gpu_sum[rows]
-                points = to_points(score)
+                points = None
             if not passed.any():
                 return None
-            step = self.policy.spec.prioritize.relative_step
-            if step is not None:  # what /prioritize answers for the nodes that passed
-                points = relative_points(score, passed, step)
+            # What /prioritize answers for the nodes that passed.
+            points = prioritize_points(score, passed, self.policy, points)
             ok = rows[passed]
             by = points[passed].astype(np.float64) if self.mode == "protocol" else score[passed]
             node = pick(by, ok, priority)

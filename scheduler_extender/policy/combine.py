@@ -163,10 +163,7 @@ def gpu_verdict(
     spec = policy.spec
     g = batch.present.shape[1]
     weights = demand_weights(demand, policy)
-    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
-    free = memory.free_blocks(
-        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
-    )
+    capacity, free = _blocks(batch, policy)
     healthy = batch.present & (batch.health != _UNHEALTHY)
     cool = now >= batch.excluded_until
     hot = np.isposinf(batch.excluded_until)
@@ -234,6 +231,16 @@ def gpu_verdict(
     )
 
 
+def _blocks(batch: NodeBatch, policy: Policy) -> tuple[IntArray, IntArray]:
+    """Each GPU's capacity and free room, in blocks."""
+    args = policy.spec.memory
+    capacity = memory.capacity_blocks(batch.memory_total_mib, args)
+    free = memory.free_blocks(
+        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, args
+    )
+    return capacity, free
+
+
 def _frag_applies(demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix) -> bool:
     """Whether a placement of this pod is scored by the fragmentation it leaves."""
     args = policy.spec.fragmentation
@@ -287,13 +294,11 @@ def host_verdict(
     """
     if not _frag_applies(demand, policy, mix):
         return np.zeros(batch.size)
-    spec = policy.spec
-    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
-    free = memory.free_blocks(
-        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
-    )
+    capacity, free = _blocks(batch, policy)
     room, idle, host = _gpu_room(batch, policy, free)
-    return fragmentation.host_score(room, idle, capacity, host, demand, mix, spec.fragmentation)
+    return fragmentation.host_score(
+        room, idle, capacity, host, demand, mix, policy.spec.fragmentation
+    )
 
 
 def finish(
@@ -343,6 +348,20 @@ def relative_points(score: FloatArray, passed: BoolArray, step: float) -> IntArr
     return points
 
 
+def prioritize_points(
+    score: FloatArray, passed: BoolArray, policy: Policy, points: IntArray | None = None
+) -> IntArray:
+    """The points /prioritize answers for these scores.
+
+    ``relative_points`` when ``spec.prioritize.relativeStep`` is set, else ``to_points``
+    (``points``, when the caller has them already).
+    """
+    step = policy.spec.prioritize.relative_step
+    if step is not None:
+        return relative_points(score, passed, step)
+    return to_points(score) if points is None else points
+
+
 def to_points(score: FloatArray) -> IntArray:
     """A 0..1 score on kube-scheduler's extender scale: round(MAX_SCORE · score)."""
     points: IntArray = np.minimum(np.maximum(np.floor(score * MAX_SCORE + 0.5), 0), MAX_SCORE)
@@ -386,7 +405,6 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
     """
     n = batch.size
     weights = demand_weights(demand, policy)
-    step = policy.spec.prioritize.relative_step
     if not demand.wants_gpu:
         score = host_verdict(batch, demand, policy, ctx.mix)
         terms = np.zeros((n, len(TERMS)))
@@ -396,7 +414,7 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
             passed=everywhere,
             reason=np.zeros(n, dtype=np.int64),
             score=score,
-            points=to_points(score) if step is None else relative_points(score, everywhere, step),
+            points=prioritize_points(score, everywhere, policy),
             gpus=np.full((n, 1), -1, dtype=np.int64),
             terms=terms,
             weights=weights,
@@ -411,7 +429,7 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
         passed=passed,
         reason=reason,
         score=score,
-        points=points if step is None else relative_points(score, passed, step),
+        points=prioritize_points(score, passed, policy, points),
         gpus=np.where((reason == Reason.OK)[:, None], verdict.gpus, -1),
         terms=np.concatenate([verdict.terms, topo[:, None]], axis=1),
         weights=weights,

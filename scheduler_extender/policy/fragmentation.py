@@ -232,8 +232,24 @@ def amount(
     on that node. NaN (unknown) lets every shape through. A slot without a GPU has capacity 0
     and adds nothing.
     """
+    return _amount(free, idle, _share(free, capacity), mix, host_cpu)
+
+
+def _share(free: IntArray, capacity: IntArray) -> FloatArray:
+    """Free room of each GPU slot as a share of the GPU (a slot without a GPU: 0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(capacity > 0, free / capacity, 0.0)  # (..., G) in GPUs
+        out: FloatArray = np.where(capacity > 0, free / capacity, 0.0)
+    return out
+
+
+def _amount(
+    free: IntArray,
+    idle: BoolArray,
+    share: FloatArray,
+    mix: DemandMix,
+    host_cpu: FloatArray | None,
+) -> FloatArray:
+    """``amount`` with each slot's free share (``_share``) already worked out."""
     total = share.sum(axis=-1)  # (...)
     # F = Σ_m p_m · (total − [m fits] · share of the GPUs big enough for m)
     shared = mix.whole == 0
@@ -288,10 +304,10 @@ def _fragment(
     args: FragmentationArgs,
 ) -> FloatArray:
     """Fragment plus weighted stranded GPUs of node states (..., G) with host room (...)."""
-    out = amount(free, idle, capacity, mix, room.cpu)
+    share = _share(free, capacity)
+    out = _amount(free, idle, share, mix, room.cpu)
     if args.host_weight > 0:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            total = np.where(capacity > 0, free / capacity, 0.0).sum(axis=-1)
+        total = share.sum(axis=-1)
         out = out + args.host_weight * stranded(total, room, per_gpu, args.host_share)
     return out
 

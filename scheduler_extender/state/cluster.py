@@ -26,9 +26,8 @@ from scheduler_extender.policy.combine import (
     finish,
     host_verdict,
     is_stale,
-    relative_points,
+    prioritize_points,
     stale_from,
-    to_points,
     topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
@@ -277,14 +276,14 @@ class ClusterState:
                 score = np.zeros(n)
             else:
                 score = host_verdict(self.batch(names, labels), demand, self.policy, self.mix)
-            return Decision(names, passed, zeros, self._points(to_points(score), score, passed))
+            return Decision(names, passed, zeros, prioritize_points(score, passed, self.policy))
         now = self.clock.monotonic()
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         ctx = self.context(demand) if demand.group is not None else None
         if labels is not None or nameset.raw is None:
             part = self._decide_rows(rows, demand, now, ctx, labels)
-            points = self._points(part.points, part.score, part.passed)
+            points = prioritize_points(part.score, part.passed, self.policy, part.points)
             return Decision(names, part.passed, part.reason, points, nameset)
         key = (nameset.raw, demand_key(demand), demand.group)
         stamp = (
@@ -308,18 +307,8 @@ class ClusterState:
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
             self._decisions.popitem(last=False)
-        points = self._points(memo.points, memo.score, memo.passed)
+        points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
         return Decision(names, memo.passed, memo.reason, points, nameset)
-
-    def _points(
-        self,
-        points: npt.NDArray[np.int64],
-        score: npt.NDArray[np.float64],
-        passed: npt.NDArray[np.bool_],
-    ) -> npt.NDArray[np.int64]:
-        """Points as the policy expresses them: absolute, or relative to the list's best."""
-        step = self.policy.spec.prioritize.relative_step
-        return points if step is None else relative_points(score, passed, step)
 
     def _decide_rows(
         self,
