@@ -26,6 +26,7 @@ from scheduler_extender.domain import Health, PodDemand, QosClass
 from scheduler_extender.policy.combine import (
     NodeBatch,
     finish,
+    gpu_facts,
     gpu_verdict,
     host_verdict,
     prioritize_points,
@@ -157,14 +158,14 @@ class Ours:
                 cache[key] = entry
             todo = rows[entry.version[rows] != cluster.version[rows]]
             if todo.size:
-                batch = node_batch(cluster, todo)
+                facts = gpu_facts(node_batch(cluster, todo), self.policy)
                 if demand.wants_gpu:
-                    verdict = gpu_verdict(batch, demand, self.policy, NOW, mix)
+                    verdict = gpu_verdict(facts, demand, self.policy, NOW, mix)
                     entry.reason[todo] = verdict.reason
                     entry.gpu_sum[todo] = verdict.gpu_sum
                     entry.gpus[todo] = verdict.gpus
                 else:
-                    entry.gpu_sum[todo] = host_verdict(batch, demand, self.policy, mix)
+                    entry.gpu_sum[todo] = host_verdict(facts, demand, self.policy, mix)
                 entry.version[todo] = cluster.version[todo]
             n = rows.size
             if demand.wants_gpu:

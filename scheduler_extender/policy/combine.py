@@ -111,6 +111,83 @@ class Evaluation:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What each node's GPUs offer whatever the pod asks: (N,) per node, (N, G) per GPU slot.
+
+    A function of the node's row and the policy only, not of the pod or the time; the
+    extender works it out once per row write and shares it among every demand shape.
+    """
+
+    base_reason: IntArray
+    """The first reason that holds for any pod (no telemetry, no GPU, driver, all unhealthy)."""
+    healthy: BoolArray
+    """A GPU is in the slot and it is not unhealthy."""
+    excluded_until: FloatArray
+    """Thermal hysteresis, as in ``NodeBatch``."""
+    capacity: IntArray
+    """Blocks each GPU has in all."""
+    open_free: IntArray
+    """Free blocks a shared pod could take; -1 where a pod holds the GPU as a whole."""
+    idle: BoolArray
+    """A GPU is in the slot and free as a whole."""
+    terms: FloatArray
+    """(4, N, G): thermal, power, powerSaving and health terms (``GPU_TERMS``) per slot."""
+    host: fragmentation.HostRoom
+    """Free host CPU and memory per node."""
+
+    @property
+    def size(self) -> int:
+        """Number of nodes."""
+        return int(self.base_reason.shape[0])
+
+
+GPU_TERMS = ("thermal", "power", "powerSaving", "health")
+"""The GPU terms ``GpuFacts`` holds: every term of ``TERMS`` but memoryFit and topology."""
+_FIT = TERMS.index("memoryFit")
+_TERM_AT = tuple(TERMS.index(t) for t in GPU_TERMS)
+
+
+def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
+    """The pod-independent part of each node's GPU verdict."""
+    spec = policy.spec
+    capacity, free = _blocks(batch, policy)
+    healthy = batch.present & (batch.health != _UNHEALTHY)
+    idle = memory.is_idle(
+        batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
+    )
+    busy = (batch.allocated_blocks > 0) | batch.whole_taken
+    busy |= np.fmax(batch.unaccounted_used_mib, 0.0) > spec.memory.idle_used_mib
+    # The first check that applies gives the reason: written last-first, so earlier ones win.
+    checks = (
+        (~batch.known, Reason.TELEMETRY_MISSING),
+        (~batch.present.any(axis=1), Reason.NO_GPU),
+        (~batch.driver_ok, Reason.DRIVER_NOT_OK),
+        (~healthy.any(axis=1), Reason.ALL_UNHEALTHY),
+    )
+    reason = np.full(batch.size, _OK, dtype=np.int64)
+    for applies, why in reversed(checks):
+        reason[applies] = int(why)
+    terms = np.stack(
+        [
+            thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
+            power.headroom_score(batch.power_w, batch.power_limit_w),
+            power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
+            (batch.health == _HEALTHY).astype(np.float64),
+        ]
+    )  # (4, N, G), in GPU_TERMS order
+    return GpuFacts(
+        base_reason=reason,
+        healthy=healthy,
+        excluded_until=batch.excluded_until,
+        capacity=capacity,
+        open_free=np.where(batch.whole_taken, -1, free),
+        idle=idle & batch.present,
+        terms=terms,
+        host=fragmentation.HostRoom(batch.host_cpu_free, batch.host_memory_free),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class GpuVerdict:
     """The part of a decision that depends on each node's own GPUs only.
 
@@ -140,7 +217,7 @@ def demand_weights(demand: PodDemand, policy: Policy) -> tuple[float, ...]:
 
 
 def gpu_verdict(
-    batch: NodeBatch,
+    facts: GpuFacts,
     demand: PodDemand,
     policy: Policy,
     now: float,
@@ -150,84 +227,72 @@ def gpu_verdict(
 
     A node fits when it has at least ``demand.gpu_count`` usable GPU slots: present, not
     unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
-    the whole GPU idle). A failing node gets the first reason that applies, in the order of the
-    checks below. Too few cool GPUs is reported before too few free ones: evicting pods from a
-    hot GPU does not help, so preemption must see "hot" there. The GPUs chosen are the
-    best-scoring usable ones (ties go to the lowest index):
+    the whole GPU idle). A failing node gets the first reason that applies: those of
+    ``gpu_facts``, then the checks below in order. Too few cool GPUs is reported before too
+    few free ones: evicting pods from a hot GPU does not help, so preemption must see "hot"
+    there. The GPUs chosen are the best-scoring usable ones (ties go to the lowest index):
 
         gpu_sum = Σ_t w_t · term_t  over thermal, power, memoryFit, powerSaving, health
 
     With ``spec.fragmentation`` on and a learned shape ``mix``, memoryFit of packing classes
     and of whole-GPU requests is the fragmentation score instead of best fit.
     """
-    spec = policy.spec
-    g = batch.present.shape[1]
     weights = demand_weights(demand, policy)
-    capacity, free = _blocks(batch, policy)
-    healthy = batch.present & (batch.health != _UNHEALTHY)
-    cool = now >= batch.excluded_until
-    hot = np.isposinf(batch.excluded_until)
     need = demand.gpu_count
+    fits_ever = facts.capacity >= demand.mem_blocks
     if demand.needs_whole_gpu:
-        fits_now = memory.is_idle(
-            batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
-        )
-        fits_ever = capacity >= demand.mem_blocks
+        fits_now = facts.idle
         too_small = Reason.TOO_FEW_GPUS if demand.whole_gpus else Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_GPUS
     else:
-        fits_now = ~batch.whole_taken & (free >= demand.mem_blocks)
-        fits_ever = capacity >= demand.mem_blocks
+        fits_now = facts.open_free >= demand.mem_blocks
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
-    candidate = healthy & fits_ever
-    usable = candidate & fits_now & cool
-    n_cool = (candidate & cool).sum(axis=1)
-    # The first check that applies gives the reason: written last-first, so earlier ones win.
+    cool = now >= facts.excluded_until
+    candidate = facts.healthy & fits_ever
+    candidate_cool = candidate & cool
+    usable = candidate_cool & fits_now
+    n_cool = candidate_cool.sum(axis=1)
+    hot = np.isposinf(facts.excluded_until)
     checks = (
-        (~batch.known, Reason.TELEMETRY_MISSING),
-        (~batch.present.any(axis=1), Reason.NO_GPU),
-        (~batch.driver_ok, Reason.DRIVER_NOT_OK),
-        (~healthy.any(axis=1), Reason.ALL_UNHEALTHY),
         (candidate.sum(axis=1) < need, too_small),
         ((n_cool < need) & (candidate & hot).any(axis=1), Reason.GPU_HOT),
         (n_cool < need, Reason.GPU_COOLING_DOWN),
         (usable.sum(axis=1) < need, busy_reason),
     )
-    reason = np.full(batch.size, _OK, dtype=np.int64)
+    reason = facts.base_reason.copy()
+    undecided = reason == _OK
     for applies, why in reversed(checks):
-        reason[applies] = int(why)
+        reason[applies & undecided] = int(why)
 
-    busy = (batch.allocated_blocks > 0) | batch.whole_taken
-    busy |= np.fmax(batch.unaccounted_used_mib, 0.0) > spec.memory.idle_used_mib
-    per_gpu = np.stack(
-        [
-            thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
-            power.headroom_score(batch.power_w, batch.power_limit_w),
-            _fit(batch, demand, policy, mix, free, capacity, usable),
-            power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
-            (batch.health == _HEALTHY).astype(np.float64),
-        ],
-        axis=2,
-    )  # (N, G, 5): the GPU terms, in TERMS order
-    gpu_weights = np.asarray(weights[:_TOPOLOGY])
-    ranked = np.where(usable, per_gpu @ gpu_weights, -np.inf)
+    fit = _fit(facts, demand, policy, mix, usable)
+    ranked = np.zeros(fit.shape)
+    for t, term in enumerate(TERMS[:_TOPOLOGY]):  # Σ_t w_t · term_t, in TERMS order
+        if weights[t]:
+            ranked += weights[t] * (fit if t == _FIT else facts.terms[GPU_TERMS.index(term)])
+    ranked = np.where(usable, ranked, -np.inf)
     k = max(need, 1)
+    chosen = np.empty((facts.size, len(TERMS) - 1))
     if k == 1:
         best = np.argmax(ranked, axis=1)
         choice = best[:, None]
-        chosen = per_gpu[np.arange(best.shape[0]), best]  # (N, 5)
+        nodes = np.arange(facts.size)
+        chosen[:, _TERM_AT] = facts.terms[:, nodes, best].T
+        chosen[:, _FIT] = fit[nodes, best]
     else:
-        choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, g)]
-        chosen = np.take_along_axis(per_gpu, choice[:, :, None], axis=1).mean(axis=1)
+        slots = facts.capacity.shape[1]
+        choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, slots)]
+        per_gpu = np.take_along_axis(facts.terms, choice[None], axis=2)  # (4, N, k)
+        chosen[:, _TERM_AT] = per_gpu.mean(axis=2).T
+        chosen[:, _FIT] = np.take_along_axis(fit, choice, axis=1).mean(axis=1)
     fits = reason == _OK
-    pending = np.where(batch.excluded_until > now, batch.excluded_until, np.inf)
+    gpu_weights = np.asarray(weights[:_TOPOLOGY])
     return GpuVerdict(
         reason=reason,
         gpu_sum=np.where(fits, chosen @ gpu_weights, 0.0),
         gpus=np.where(fits[:, None], choice, -1),
         terms=chosen,
-        valid_until=np.where(np.isfinite(pending), pending, np.inf).min(axis=1),
+        valid_until=np.where(facts.excluded_until > now, facts.excluded_until, np.inf).min(axis=1),
     )
 
 
@@ -249,42 +314,27 @@ def _frag_applies(demand: PodDemand, policy: Policy, mix: fragmentation.DemandMi
     return demand.qos.packs or demand.needs_whole_gpu or not demand.wants_gpu
 
 
-def _gpu_room(
-    batch: NodeBatch, policy: Policy, free: IntArray
-) -> tuple[IntArray, BoolArray, fragmentation.HostRoom]:
-    """Free blocks a shared pod could use, idle GPUs and host room, as fragmentation sees them."""
-    idle = memory.is_idle(
-        batch.unaccounted_used_mib,
-        batch.allocated_blocks,
-        batch.whole_taken,
-        policy.spec.memory,
-    )
-    idle &= batch.present
-    room = np.where(batch.whole_taken, 0, free)  # a slot without a GPU has 0 free
-    return room, idle, fragmentation.HostRoom(batch.host_cpu_free, batch.host_memory_free)
-
-
 def _fit(
-    batch: NodeBatch,
+    facts: GpuFacts,
     demand: PodDemand,
     policy: Policy,
     mix: fragmentation.DemandMix,
-    free: IntArray,
-    capacity: IntArray,
     usable: BoolArray,
 ) -> FloatArray:
     """The memoryFit term per GPU: fragmentation score where it applies, else best fit."""
+    room = np.maximum(facts.open_free, 0)  # a GPU held whole has no free blocks
     if _frag_applies(demand, policy, mix):
-        room, idle, host = _gpu_room(batch, policy, free)
         args = policy.spec.fragmentation
-        return fragmentation.score(room, idle, capacity, usable, demand, mix, args, host)
+        return fragmentation.score(
+            room, facts.idle, facts.capacity, usable, demand, mix, args, facts.host
+        )
     return memory.fit_score(
-        free, capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
+        room, facts.capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
     )
 
 
 def host_verdict(
-    batch: NodeBatch, demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix
+    facts: GpuFacts, demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix
 ) -> FloatArray:
     """Score (0..1) per node for a pod that asks for no GPU; every node passes.
 
@@ -293,11 +343,15 @@ def host_verdict(
     otherwise 0 everywhere.
     """
     if not _frag_applies(demand, policy, mix):
-        return np.zeros(batch.size)
-    capacity, free = _blocks(batch, policy)
-    room, idle, host = _gpu_room(batch, policy, free)
+        return np.zeros(facts.size)
     return fragmentation.host_score(
-        room, idle, capacity, host, demand, mix, policy.spec.fragmentation
+        np.maximum(facts.open_free, 0),
+        facts.idle,
+        facts.capacity,
+        facts.host,
+        demand,
+        mix,
+        policy.spec.fragmentation,
     )
 
 
@@ -405,8 +459,9 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
     """
     n = batch.size
     weights = demand_weights(demand, policy)
+    facts = gpu_facts(batch, policy)
     if not demand.wants_gpu:
-        score = host_verdict(batch, demand, policy, ctx.mix)
+        score = host_verdict(facts, demand, policy, ctx.mix)
         terms = np.zeros((n, len(TERMS)))
         terms[:, TERMS.index("memoryFit")] = score
         everywhere = np.ones(n, dtype=np.bool_)
@@ -419,7 +474,7 @@ def evaluate(batch: NodeBatch, demand: PodDemand, policy: Policy, ctx: Context) 
             terms=terms,
             weights=weights,
         )
-    verdict = gpu_verdict(batch, demand, policy, ctx.now, ctx.mix)
+    verdict = gpu_verdict(facts, demand, policy, ctx.now, ctx.mix)
     topo = topology_term(batch.rack, batch.rdma, demand, policy, ctx)
     stale = is_stale(batch.known, batch.age_s, batch.interval_s, policy)
     passed, reason, score, points = finish(

@@ -269,15 +269,17 @@ class ClusterState:
         """
         self.expire()
         n = len(names)
+        now = self.clock.monotonic()
         if not demand.wants_gpu:
             passed = np.ones(n, dtype=np.bool_)
             zeros = np.zeros(n, dtype=np.int64)
             if not self.policy.spec.fragmentation.enabled or self.mix.empty:
                 score = np.zeros(n)
             else:
-                score = host_verdict(self.batch(names, labels), demand, self.policy, self.mix)
+                rows = self.table.rows(names)
+                facts = self._verdicts.facts.take(self.table, rows, self.policy, now)
+                score = host_verdict(facts, demand, self.policy, self.mix)
             return Decision(names, passed, zeros, prioritize_points(score, passed, self.policy))
-        now = self.clock.monotonic()
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         ctx = self.context(demand) if demand.group is not None else None

@@ -1,10 +1,12 @@
 """Caches that keep the request path a few array operations long.
 
-``VerdictCache``: per demand shape (class, blocks or whole GPUs), each node's GPU verdict, kept
-until the node's row changes or one of its GPUs leaves its cool-down. A request recomputes
-only the rows that changed since the last request of that shape, with the same pure
-``gpu_verdict`` the policy defines. ``NameSets``: the scheduler sends the same candidate list
-again and again; the list's raw bytes map to its rows and to a ready answer template.
+``FactsCache``: each node's ``gpu_facts`` (what its GPUs offer whatever the pod asks), worked
+out once per row write and shared by every demand shape. ``VerdictCache``: per demand shape
+(class, blocks or whole GPUs), each node's GPU verdict, kept until the node's row changes or one
+of its GPUs leaves its cool-down. A request recomputes only the rows that changed since the
+last request of that shape, with the same pure ``gpu_verdict`` the policy defines.
+``NameSets``: the scheduler sends the same candidate list again and again; the list's raw bytes
+map to its rows and to a ready answer template.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,9 +22,9 @@ import orjson
 
 from scheduler_extender.domain import PodDemand
 from scheduler_extender.policy.base import REASON_JSON, REASON_RESOLVABLE
-from scheduler_extender.policy.combine import gpu_verdict
+from scheduler_extender.policy.combine import GpuFacts, gpu_facts, gpu_verdict
 from scheduler_extender.policy.document import Policy
-from scheduler_extender.policy.fragmentation import EMPTY_MIX, DemandMix
+from scheduler_extender.policy.fragmentation import EMPTY_MIX, DemandMix, HostRoom
 from scheduler_extender.state.table import NodeTable
 
 IntArray = npt.NDArray[np.int64]
@@ -73,6 +76,75 @@ class _Verdicts:
         self.gpu_sum, self.valid_until = bigger.gpu_sum, bigger.valid_until
 
 
+_FACT_ARRAYS = ("base_reason", "healthy", "excluded_until", "capacity", "open_free", "idle")
+"""The ``GpuFacts`` fields kept as they are, rows first (``terms`` and ``host`` are apart)."""
+
+
+class FactsCache:
+    """``gpu_facts`` of every row, kept until the row is written again. Cleared with the policy."""
+
+    def __init__(self) -> None:
+        self._version = np.zeros(0, dtype=np.int64)
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
+        self._gpus = -1
+        self.computed_rows = 0
+        """Rows worked out so far (for tests and benchmarks)."""
+
+    def clear(self) -> None:
+        """Forget everything (the policy changed)."""
+        self._version = np.zeros(0, dtype=np.int64)
+        self._arrays = {}
+        self._gpus = -1
+
+    def _fit_to(self, table: NodeTable, sample: GpuFacts) -> None:
+        """Make room for every row of the table (a new GPU width starts over)."""
+        rows = table.capacity
+        if self._gpus != table.gpu_slots:
+            self.clear()
+            self._gpus = table.gpu_slots
+        old = self._version.shape[0]
+        if rows <= old:
+            return
+        version = np.full(rows, -1, dtype=np.int64)
+        version[:old] = self._version
+        self._version = version
+        parts = {name: getattr(sample, name) for name in _FACT_ARRAYS}
+        parts["host_cpu"], parts["host_memory"] = sample.host.cpu, sample.host.memory
+        for name, part in parts.items():
+            bigger = np.zeros((rows, *part.shape[1:]), dtype=part.dtype)
+            if name in self._arrays:
+                bigger[:old] = self._arrays[name]
+            self._arrays[name] = bigger
+        terms = np.zeros((sample.terms.shape[0], rows, self._gpus))  # (terms, rows, GPUs)
+        if "terms" in self._arrays:
+            terms[:, :old] = self._arrays["terms"]
+        self._arrays["terms"] = terms
+
+    def take(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> GpuFacts:
+        """The facts of these rows; rows written since they were last worked out are redone."""
+        if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
+            stale = self._version[rows] != table.column("version")[rows]
+        else:
+            stale = np.ones(rows.shape[0], dtype=np.bool_)
+        if stale.any():
+            todo = np.unique(rows[stale])
+            fresh = gpu_facts(table.gather(todo, now, policy.spec.thermal_throttling), policy)
+            self._fit_to(table, fresh)
+            a = self._arrays
+            for name in _FACT_ARRAYS:
+                a[name][todo] = getattr(fresh, name)
+            a["terms"][:, todo] = fresh.terms
+            a["host_cpu"][todo], a["host_memory"][todo] = fresh.host.cpu, fresh.host.memory
+            self._version[todo] = table.column("version")[todo]
+            self.computed_rows += int(todo.size)
+        a = self._arrays
+        return GpuFacts(
+            **{name: np.take(a[name], rows, axis=0) for name in _FACT_ARRAYS},
+            terms=np.take(a["terms"], rows, axis=1),
+            host=HostRoom(np.take(a["host_cpu"], rows), np.take(a["host_memory"], rows)),
+        )
+
+
 class VerdictCache:
     """GPU verdicts per demand shape and row. Cleared when the policy changes."""
 
@@ -80,12 +152,14 @@ class VerdictCache:
         self._shapes: OrderedDict[DemandKey, _Verdicts] = OrderedDict()
         self._max = max_shapes
         self._mix_version = 0
+        self.facts = FactsCache()
         self.recomputed_rows = 0
         """Rows recomputed so far (for tests and benchmarks)."""
 
     def clear(self) -> None:
         """Forget everything (the policy changed)."""
         self._shapes.clear()
+        self.facts.clear()
 
     def lookup(
         self,
@@ -119,8 +193,8 @@ class VerdictCache:
         dirty = (entry.version[rows] != version[rows]) | (now >= entry.valid_until[rows])
         if dirty.any():
             todo = np.unique(rows[dirty])
-            batch = table.gather(todo, now, policy.spec.thermal_throttling)
-            verdict = gpu_verdict(batch, demand, policy, now, mix)
+            facts = self.facts.take(table, todo, policy, now)
+            verdict = gpu_verdict(facts, demand, policy, now, mix)
             entry.reason[todo] = verdict.reason
             entry.gpu_sum[todo] = verdict.gpu_sum
             entry.valid_until[todo] = verdict.valid_until

@@ -40,6 +40,33 @@ GPU_FLOAT_COLUMNS = _GPU_FLOAT
 _GPU_BOOL = ("present", "hot", "whole_taken")
 
 
+_AS_GATHERED = (
+    "known",
+    "interval_s",
+    "driver_ok",
+    "present",
+    "health",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "utilization_pct",
+    "memory_total_mib",
+    "unaccounted_used_mib",
+    "allocated_blocks",
+    "whole_taken",
+    "rack",
+    "rdma",
+    "host_cpu_free",
+    "host_memory_free",
+)
+"""Columns a ``NodeBatch`` takes as they are (the rest are worked out from columns)."""
+
+
+def _take(column: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """Some rows of a column: ``np.take`` is a few times faster than ``column[rows]`` in 2-D."""
+    return np.take(column, rows, axis=0)
+
+
 class NodeTable:
     """Columns of per-node and per-GPU values. Not thread-safe: use one event loop."""
 
@@ -296,27 +323,9 @@ class NodeTable:
         """The batch the policy decides on, for the given rows."""
         c = self._cols
         return NodeBatch(
-            known=c["known"][rows],
-            age_s=now - c["received_at"][rows],
-            interval_s=c["interval_s"][rows],
-            driver_ok=c["driver_ok"][rows],
-            present=c["present"][rows],
-            health=c["health"][rows],
-            temperature_c=c["temperature_c"][rows],
-            power_w=c["power_w"][rows],
-            power_limit_w=c["power_limit_w"][rows],
-            utilization_pct=c["utilization_pct"][rows],
-            memory_total_mib=c["memory_total_mib"][rows],
-            unaccounted_used_mib=c["unaccounted_used_mib"][rows],
+            **{name: _take(c[name], rows) for name in _AS_GATHERED},
+            age_s=now - _take(c["received_at"], rows),
             excluded_until=thermal.excluded_until(
-                c["hot"][rows],
-                c["below_since"][rows],
-                args,
+                _take(c["hot"], rows), _take(c["below_since"], rows), args
             ),
-            allocated_blocks=c["allocated_blocks"][rows],
-            whole_taken=c["whole_taken"][rows],
-            rack=c["rack"][rows],
-            rdma=c["rdma"][rows],
-            host_cpu_free=c["host_cpu_free"][rows],
-            host_memory_free=c["host_memory_free"][rows],
         )

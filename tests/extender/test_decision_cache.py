@@ -203,6 +203,44 @@ def test_host_room_and_cpu_only_pods_keep_decide_and_evaluate_in_step(clock, ste
     assert any(len(set(p)) > 1 for p in spread)  # host room told the nodes apart
 
 
+def test_gpu_facts_are_worked_out_once_per_row_write_for_every_shape(clock):
+    _, state, _ = fleet(clock, nodes=30)
+    names = [f"n{i}" for i in range(30)]
+    shapes = [
+        pod_demand(pod(f"p{k}", blocks=b, whole=w, qos=q), state.policy.spec.qos)
+        for k, (b, w, q) in enumerate([(1, None, "inference"), (None, 1, "training"), (2, None, "best-effort")])
+    ]  # fmt: skip
+    for demand in shapes:
+        state.decide(names, demand)
+    facts = state._verdicts.facts
+    assert facts.computed_rows == 30  # every row once
+    verdicts = state._verdicts.recomputed_rows
+    state.ingest(report_from(report("n3", [gpu(0, temperature_c=91.0)])))
+    for demand in shapes:
+        state.decide(names, demand)
+    assert facts.computed_rows == 31  # the written row, once for all three shapes
+    assert state._verdicts.recomputed_rows == verdicts + 3  # its verdict, once per shape
+    state.set_policy(state.policy)  # a policy in force again: nothing kept is trusted
+    state.decide(names, shapes[0])
+    assert facts.computed_rows == 31 + 30
+
+
+def test_decide_agrees_with_evaluate_when_a_node_widens_the_table(clock):
+    """A node with more GPU slots than any before widens every per-GPU column."""
+    _, state, _ = fleet(clock, nodes=20)
+    names = [f"n{i}" for i in range(21)]
+    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
+    state.decide(names, demand)
+    wide = [gpu(g, temperature_c=40.0 + g, memory_used_mib=0.0) for g in range(12)]
+    state.ingest(report_from(report("n20", wide)))
+    state.ingest(report_from(report("n2", [gpu(0, temperature_c=97.0)])))
+    for _ in range(2):
+        a, b = state.decide(names, demand), state.evaluate(names, demand)
+        assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
+        assert (a.points == b.points).all()
+        assert a.passed[20]
+
+
 def test_a_kept_decision_is_patched_only_where_rows_changed(clock):
     _, state, _ = fleet(clock, nodes=30)
     names = [f"n{i}" for i in range(30)]
