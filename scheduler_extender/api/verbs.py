@@ -76,7 +76,7 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         args = wire.parse_extender_args(body, "prioritize")
         demand = _demand(ctx, args.pod)
         names = args.candidates()
-        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
+        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names, verb="prioritize")
         if decision.nameset is not None and args.raw_names is not None:
             return decision.nameset.priorities(decision.points, demand_key(demand))
         return wire.encode_priorities(names, decision.points.tolist())

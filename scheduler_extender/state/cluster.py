@@ -52,6 +52,9 @@ DEMAND_CACHE_SIZE = 16_384
 DECISION_MEMO_SIZE = 64
 """Decisions kept by (candidate list, demand shape, group)."""
 
+CYCLE_S = 1.0
+"""How long after a pod's filter its prioritize is answered from what that filter saw."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Rows:
@@ -97,6 +100,26 @@ class _Memo(_Rows):
         return _Rows(passed, reason, points, score, deadline).kept(version, self.stamp)
 
 
+@dataclass(slots=True)
+class _Cycle:
+    """The last filter: whose it was, what it depended on, and its verdict for each row."""
+
+    uid: str
+    shape: tuple[DemandKey, str | None]
+    stamp: tuple[object, ...]
+    at: float
+    rows: npt.NDArray[np.int64]
+    verdicts: _Rows
+    _position: npt.NDArray[np.int64] | None = None
+
+    def positions(self, rows: npt.NDArray[np.int64], capacity: int) -> npt.NDArray[np.int64]:
+        """Where each row sits in the filter's list; -1 for a row the filter did not decide."""
+        if self._position is None or self._position.shape[0] < capacity:
+            self._position = np.full(capacity, -1, dtype=np.int64)
+            self._position[self.rows] = np.arange(self.rows.shape[0])
+        return self._position[rows]
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Filter and prioritize answers for one request, aligned with ``names``."""
@@ -124,6 +147,7 @@ class ClusterState:
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
         self._decisions: OrderedDict[tuple[bytes, DemandKey, str | None], _Memo] = OrderedDict()
+        self._cycle: _Cycle | None = None
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
         self._rack_free_cache: dict[bool, tuple[tuple[int, int, int], npt.NDArray[np.float64]]] = {}
@@ -258,6 +282,7 @@ class ClusterState:
         demand: PodDemand,
         labels: Sequence[Mapping[str, str] | None] | None = None,
         raw_names: bytes | None = None,
+        verb: str = "filter",
     ) -> Decision:
         """The filter/prioritize verdicts for a request, from cached per-node GPU verdicts.
 
@@ -266,10 +291,20 @@ class ClusterState:
         candidate list known by its bytes (names mode), the last decision of the same shape
         and group is kept, and only its rows that were written since, or whose cool-down or
         freshness ran out, are decided again.
+
+        One exception, as kube-scheduler's own cycle works from one snapshot: a ``prioritize``
+        that follows its pod's ``filter`` (no other pod's request between, within ``CYCLE_S``)
+        scores the nodes as that filter saw them, so that filter and scores agree and the
+        rows written in the millisecond between are not decided again.
         """
+        now = self.clock.monotonic()
+        if verb == "prioritize":
+            kept = self._from_cycle(names, demand, raw_names, now)
+            if kept is not None:
+                return kept
+        self._cycle = None
         self.expire()
         n = len(names)
-        now = self.clock.monotonic()
         if not demand.wants_gpu:
             passed = np.ones(n, dtype=np.bool_)
             zeros = np.zeros(n, dtype=np.int64)
@@ -283,17 +318,18 @@ class ClusterState:
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         ctx = self.context(demand) if demand.group is not None else None
-        if labels is not None or nameset.raw is None:
-            part = self._decide_rows(rows, demand, now, ctx, labels)
-            points = prioritize_points(part.score, part.passed, self.policy, part.points)
-            return Decision(names, part.passed, part.reason, points, nameset)
-        key = (nameset.raw, demand_key(demand), demand.group)
         stamp = (
             id(self.policy),
             self.mix.version,
             nameset.index_version,
             None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes()),
         )
+        if labels is not None or nameset.raw is None:
+            part = self._decide_rows(rows, demand, now, ctx, labels)
+            self._remember_cycle(demand, stamp[:3], now, rows, part, verb)
+            points = prioritize_points(part.score, part.passed, self.policy, part.points)
+            return Decision(names, part.passed, part.reason, points, nameset)
+        key = (nameset.raw, demand_key(demand), demand.group)
         version = self.table.column("version")[rows]
         memo = self._decisions.get(key)
         if memo is None or memo.stamp != stamp:
@@ -309,8 +345,51 @@ class ClusterState:
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
             self._decisions.popitem(last=False)
+        self._remember_cycle(demand, stamp[:3], now, rows, memo, verb)
         points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
         return Decision(names, memo.passed, memo.reason, points, nameset)
+
+    def _remember_cycle(
+        self,
+        demand: PodDemand,
+        stamp: tuple[object, ...],
+        now: float,
+        rows: npt.NDArray[np.int64],
+        verdicts: _Rows,
+        verb: str,
+    ) -> None:
+        """A filter starts its pod's cycle; any other request ends the last one."""
+        self._cycle = (
+            _Cycle(demand.uid, (demand_key(demand), demand.group), stamp, now, rows, verdicts)
+            if verb == "filter" and demand.uid
+            else None
+        )
+
+    def _from_cycle(
+        self, names: list[str], demand: PodDemand, raw_names: bytes | None, now: float
+    ) -> Decision | None:
+        """The pod's prioritize answered from its own filter, when it is the same cycle."""
+        cycle, self._cycle = self._cycle, None
+        if (
+            cycle is None
+            or cycle.uid != demand.uid
+            or cycle.shape != (demand_key(demand), demand.group)
+            or now - cycle.at > CYCLE_S
+        ):
+            return None
+        nameset = self._namesets.get(raw_names, names, self.table)
+        if cycle.stamp != (id(self.policy), self.mix.version, nameset.index_version):
+            return None
+        v = cycle.verdicts
+        if nameset.rows is cycle.rows:  # the very list the filter was sent
+            passed, reason, score, points = v.passed, v.reason, v.score, v.points
+        else:
+            at = cycle.positions(nameset.rows, self.table.capacity)
+            if (at < 0).any():
+                return None
+            passed, reason, score, points = v.passed[at], v.reason[at], v.score[at], v.points[at]
+        points = prioritize_points(score, passed, self.policy, points)
+        return Decision(names, passed, reason, points, nameset)
 
     def _decide_rows(
         self,

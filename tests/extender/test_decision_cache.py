@@ -299,3 +299,57 @@ async def test_answers_follow_changed_verdicts_on_the_same_list(client):
     assert second["FailedNodes"] == {"n1": "edgegpu: gpu too hot"}
     scores = orjson.loads((await client.post("/prioritize", content=body)).content)
     assert [h["Host"] for h in scores] == ["n0", "n1", "n2"] and scores[1]["Score"] == 0
+
+
+def _scores(answer: bytes) -> dict[str, int]:
+    return {e["Host"]: e["Score"] for e in orjson.loads(answer)}
+
+
+@pytest.mark.parametrize("fewer", [False, True])
+def test_prioritize_right_after_its_filter_scores_what_that_filter_saw(clock, fewer):
+    """One scheduling cycle, one view: a push between filter and prioritize waits for the next."""
+    app, state, _ = fleet(clock, nodes=12, seed=3)
+    ctx = app.state.ctx
+    names = [f"n{i}" for i in range(12)]
+    body = orjson.dumps(args_names(pod("p", blocks=1), names))
+    passed = orjson.loads(verbs.filter_verb(ctx, body))["NodeNames"]
+    assert len(passed) >= 3
+    # The feasible nodes as the scheduler sends them (fewer: other plugins dropped one).
+    feasible = orjson.dumps(args_names(pod("p", blocks=1), passed[1:] if fewer else passed))
+    sent = orjson.loads(feasible)["NodeNames"]
+    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
+    before = state.evaluate(sent, demand)
+    target = sent[0]
+    state.ingest(report_from(report(target, [gpu(0, temperature_c=99.0)])))  # now too hot
+    kept = _scores(verbs.prioritize_verb(ctx, feasible))
+    assert kept == dict(zip(sent, before.points.tolist(), strict=True))
+    # The cycle is over: the same pod asked again sees the push.
+    again = _scores(verbs.prioritize_verb(ctx, feasible))
+    now = state.evaluate(sent, demand)
+    assert again == dict(zip(sent, now.points.tolist(), strict=True))
+    assert again[target] == 0 != kept[target]
+
+
+@pytest.mark.parametrize("between", ["other pod", "late", "other shape", "new node"])
+def test_prioritize_decides_afresh_outside_its_pods_cycle(clock, between):
+    app, state, _ = fleet(clock, nodes=12, seed=3)
+    ctx = app.state.ctx
+    names = [f"n{i}" for i in range(12)]
+    body = orjson.dumps(args_names(pod("p", blocks=1), names))
+    passed = orjson.loads(verbs.filter_verb(ctx, body))["NodeNames"]
+    state.ingest(report_from(report(passed[0], [gpu(0, temperature_c=99.0)])))
+    prioritized = pod("p", blocks=1)
+    if between == "other pod":
+        verbs.filter_verb(ctx, orjson.dumps(args_names(pod("q", blocks=1), names)))
+    elif between == "late":
+        clock.advance(2.0)
+    elif between == "other shape":
+        prioritized = pod("p", blocks=2)
+    else:
+        passed = [*passed, "n-new"]  # a node the filter never decided
+        state.ingest(report_from(report("n-new", [gpu(0)])))
+    demand = pod_demand(prioritized, state.policy.spec.qos)
+    answer = _scores(verbs.prioritize_verb(ctx, orjson.dumps(args_names(prioritized, passed))))
+    fresh = state.evaluate(passed, demand)
+    assert answer == dict(zip(passed, fresh.points.tolist(), strict=True))
+    assert answer[passed[0]] == 0
