@@ -41,7 +41,7 @@ from scheduler_extender.state.decisions import (
     demand_key,
 )
 from scheduler_extender.state.host import HostLedger
-from scheduler_extender.state.table import GPU_FLOAT_COLUMNS, NodeTable
+from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import PutResult, TelemetryStore
@@ -482,23 +482,24 @@ class ClusterState:
         report = record.report
         health = report.node_health
         rack, rdma = self._rack_and_rdma(self._labels_of(node))
-        gpus = report.gpus
-        rows: list[tuple[float | None, ...]] = []
-        hot: list[bool] = []
-        for g in gpus:
-            state = record.thermal.get(g.uuid)
-            rows.append(
-                (
-                    g.temperature_c,
-                    g.power_w,
-                    g.power_limit_w,
-                    g.utilization_pct,
-                    g.memory_total_mib,
-                    g.memory_used_mib,  # unaccounted until assigned pods are subtracted
-                    state.below_since if state is not None else None,
-                )
+        states = record.thermal
+        # One row per GPU in GPU_REPORT_COLUMNS order; None (a field the backend cannot read)
+        # becomes NaN in a float64 array.
+        gpus = [
+            (
+                g.index,
+                g.temperature_c,
+                g.power_w,
+                g.power_limit_w,
+                g.utilization_pct,
+                g.memory_total_mib,
+                g.memory_used_mib,  # unaccounted until assigned pods are subtracted
+                state.below_since if (state := states.get(g.uuid)) is not None else None,
+                state is not None and state.hot_since is not None,
+                _HEALTH[g.health],
             )
-            hot.append(state is not None and state.hot_since is not None)
+            for g in report.gpus
+        ]
         self.table.write_node(
             node,
             received_at=record.received_at,
@@ -506,11 +507,7 @@ class ClusterState:
             driver_ok=health.driver_ok is not False and health.device_nodes_ok is not False,
             rack=rack,
             rdma=rdma,
-            index=np.array([g.index for g in gpus], dtype=np.int64),
-            # None (a field the backend cannot read) becomes NaN in a float64 array.
-            floats=np.array(rows, dtype=np.float64).reshape(len(gpus), len(GPU_FLOAT_COLUMNS)),
-            hot=np.array(hot, dtype=np.bool_),
-            health=np.array([_HEALTH[g.health] for g in gpus], dtype=np.int8),
+            gpus=np.array(gpus, dtype=np.float64).reshape(len(gpus), len(GPU_REPORT_COLUMNS)),
         )
         if self.allocations.holds_gpus(node):
             self._write_allocations(node)

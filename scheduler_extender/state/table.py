@@ -36,7 +36,9 @@ _GPU_FLOAT = (
     "below_since",
 )
 GPU_FLOAT_COLUMNS = _GPU_FLOAT
-"""The per-GPU float columns, in the order ``write_node`` takes them."""
+"""The per-GPU float columns (one block in memory: a push writes them in one go)."""
+GPU_REPORT_COLUMNS = ("index", *_GPU_FLOAT, "hot", "health")
+"""What ``write_node`` takes per reported GPU, in this order, as one float array."""
 _GPU_BOOL = ("present", "hot", "whole_taken")
 
 
@@ -46,12 +48,6 @@ _AS_GATHERED = (
     "driver_ok",
     "present",
     "health",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "utilization_pct",
-    "memory_total_mib",
-    "unaccounted_used_mib",
     "allocated_blocks",
     "whole_taken",
     "rack",
@@ -59,11 +55,14 @@ _AS_GATHERED = (
     "host_cpu_free",
     "host_memory_free",
 )
-"""Columns a ``NodeBatch`` takes as they are (the rest are worked out from columns)."""
+"""Columns a ``NodeBatch`` takes as they are, besides the per-GPU floats."""
 
 
 def _take(column: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-    """Some rows of a column: ``np.take`` is a few times faster than ``column[rows]`` in 2-D."""
+    """Some rows of a column: ``np.take`` is a few times faster than ``column[rows]`` in 2-D.
+
+    Only for contiguous columns: ``np.take`` copies a strided view whole first.
+    """
     return np.take(column, rows, axis=0)
 
 
@@ -81,6 +80,8 @@ class NodeTable:
         self._rows = max(rows, 2)
         self._gpus = max(gpus, 1)
         self._cols: dict[str, npt.NDArray[Any]] = {}
+        self._floats = np.zeros((0, 0, len(_GPU_FLOAT)))
+        """(rows, GPUs, float columns): the per-GPU float columns are views of it."""
         self._alloc(self._rows, self._gpus)
 
     # -- layout -----------------------------------------------------------------------------
@@ -118,7 +119,14 @@ class NodeTable:
     def _alloc(self, rows: int, gpus: int) -> None:
         old = self._cols
         new: dict[str, npt.NDArray[Any]] = {}
+        floats = np.full((rows, gpus, len(_GPU_FLOAT)), np.nan)
+        was = self._floats
+        floats[: was.shape[0], : was.shape[1]] = was
+        self._floats = floats
         for name in self._all_columns():
+            if name in _GPU_FLOAT:
+                new[name] = floats[:, :, _GPU_FLOAT.index(name)]
+                continue
             col = self._blank(name, rows, gpus)
             if name in old:
                 prev = old[name]
@@ -204,16 +212,14 @@ class NodeTable:
         driver_ok: bool,
         rack: str | None,
         rdma: bool,
-        index: npt.NDArray[np.int64],
-        floats: npt.NDArray[np.float64],
-        hot: npt.NDArray[np.bool_],
-        health: npt.NDArray[np.int8],
+        gpus: npt.NDArray[np.float64],
     ) -> None:
         """Replace the telemetry part of a node's row.
 
-        ``index`` holds the GPU index of each reported GPU; ``floats`` has one row per GPU and
-        one column per ``GPU_FLOAT_COLUMNS`` entry (NaN = unknown).
+        ``gpus`` has one row per reported GPU and one column per ``GPU_REPORT_COLUMNS`` entry:
+        its index, the float readings (NaN = unknown), hot (0/1) and health code.
         """
+        index = gpus[:, 0].astype(np.int64)
         slots = index.tolist()
         self._ensure_gpus(max(slots) + 1 if slots else 0)
         row = self._row_for(node)
@@ -227,20 +233,20 @@ class NodeTable:
         c["rdma"][row] = rdma
         n = len(slots)
         if n and slots == list(range(n)):
-            # GPUs 0..n-1, the usual case: slices, not fancy indexing (a push writes ~20 of them),
-            # and only the slots past the last GPU are blanked.
+            # GPUs 0..n-1, the usual case: slices, not fancy indexing, and only the slots past
+            # the last GPU are blanked.
             at: slice | npt.NDArray[np.int64] = slice(0, n)
             blank: slice | None = slice(n, None) if n < self._gpus else None
         else:
             at, blank = index, slice(None)
         if blank is not None:
-            for name in (*GPU_FLOAT_COLUMNS, "present", "hot", "health"):
+            self._floats[row, blank] = np.nan
+            for name in ("present", "hot", "health"):
                 c[name][row, blank] = self._blank(name, 1, 1)[0, 0]
-        for k, name in enumerate(GPU_FLOAT_COLUMNS):
-            c[name][row, at] = floats[:, k]
+        self._floats[row, at] = gpus[:, 1 : 1 + len(_GPU_FLOAT)]
         c["present"][row, at] = True
-        c["hot"][row, at] = hot
-        c["health"][row, at] = health
+        c["hot"][row, at] = gpus[:, -2] > 0
+        c["health"][row, at] = gpus[:, -1]
 
     def set_room(
         self,
@@ -322,10 +328,13 @@ class NodeTable:
     ) -> NodeBatch:
         """The batch the policy decides on, for the given rows."""
         c = self._cols
+        floats = _take(self._floats, rows)  # one take of the block, then a view per column
+        per_gpu = {name: floats[:, :, k] for k, name in enumerate(_GPU_FLOAT)}
         return NodeBatch(
             **{name: _take(c[name], rows) for name in _AS_GATHERED},
+            **{name: per_gpu[name] for name in _GPU_FLOAT if name != "below_since"},
             age_s=now - _take(c["received_at"], rows),
             excluded_until=thermal.excluded_until(
-                _take(c["hot"], rows), _take(c["below_since"], rows), args
+                _take(c["hot"], rows), per_gpu["below_since"], args
             ),
         )
