@@ -8,8 +8,9 @@
 * drives them from this process as kube-scheduler does — filter, then prioritize, one pod at a
   time over a keep-alive connection — in names mode and with full Node objects, interleaved
   A B A B in blocks so that machine drift cancels;
-* measures telemetry ingest from concurrent pusher processes, decision latency while 5,000
-  nodes push once a second, the extender's RSS at 10,000 × 8 GPUs, and the agent's RSS/CPU;
+* measures telemetry ingest from concurrent pusher processes (and the server CPU a push
+  costs), decision latency while 5,000 nodes push once a second (the floor's too, under the
+  same pushes), the extender's RSS at 10,000 × 8 GPUs, and the agent's RSS/CPU;
 * prints a table and writes ``benchmarks/results/latest.json`` (and a PNG when matplotlib is
   installed).
 """
@@ -49,6 +50,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -69,6 +76,10 @@ class Server:
         raise RuntimeError(
             f"{kind} did not start: {self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ''}"
         )
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used so far (user + system)."""
+        return proc_cpu_s(self.proc.pid)
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -270,20 +281,17 @@ def decisions_while_pushing(
     """
     samples: dict[float, list[float]] = {r: [] for r in (0.0, *rates)}
     achieved: dict[float, list[float]] = {r: [] for r in rates}
+    k = server.kind
     for k in range(rounds):
         order = (0.0, *rates) if k % 2 == 0 else (*reversed(rates), 0.0)
         for rate in order:
             if rate == 0.0:
-                samples[0.0] += drive({"ours": server}, 5000, "names", 1, cycles, None)["ours"][
-                    "samples"
-                ]
+                samples[0.0] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
                 continue
             stop = mp.Event()
             t0, ps, queue = ingest(server.port, 5000, 120.0, rate=rate, stop=stop)
             time.sleep(1.0)  # a second at rate before measuring
-            samples[rate] += drive({"ours": server}, 5000, "names", 1, cycles, None)["ours"][
-                "samples"
-            ]
+            samples[rate] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
             stop.set()
             pushed = sum(queue.get(timeout=60) for _ in ps)
             for p in ps:
@@ -296,12 +304,16 @@ def decisions_while_pushing(
     }  # fmt: skip
 
 
-def ingest_rate(port: int, nodes: int, seconds: float) -> float:
-    t0, ps, queue = ingest(port, nodes, seconds, rate=0.0)
+def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, float]:
+    """Pushes per second at the most the pushers can send, and server CPU µs per push."""
+    cpu0 = server.cpu_s()
+    t0, ps, queue = ingest(server.port, nodes, seconds, rate=0.0)
     counts = [queue.get(timeout=seconds + 60) for _ in ps]
     for p in ps:
         p.join()
-    return sum(counts) / (time.perf_counter() - t0 - 0.0) if counts else 0.0
+    pushed = sum(counts)
+    cpu_us = (server.cpu_s() - cpu0) / max(pushed, 1) * 1e6
+    return pushed / (time.perf_counter() - t0), cpu_us
 
 
 # -- agent --------------------------------------------------------------------------------------
@@ -313,14 +325,9 @@ def agent_cost(port: int, seconds: float) -> dict[str, float]:
     )  # fmt: skip
     try:
         time.sleep(5.0)  # imports and first rounds
-
-        def cpu_s() -> float:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-        c0, t0 = cpu_s(), time.monotonic()
+        c0, t0 = proc_cpu_s(proc.pid), time.monotonic()
         time.sleep(seconds)
-        c1, t1 = cpu_s(), time.monotonic()
+        c1, t1 = proc_cpu_s(proc.pid), time.monotonic()
         rss = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                    if line.startswith("VmRSS:"))  # fmt: skip
         return {"agent_rss_mib": round(rss, 1), "agent_cpu_pct": round((c1 - c0) / (t1 - t0) * 100, 3),
@@ -464,22 +471,34 @@ def main() -> int:
     try:
         for s in (ours, floor):
             load(s.port, 5000)
-        rates = {}
+        rates: dict[str, tuple[float, float]] = {}
         for name, s in (("ours", ours), ("floor", floor), ("ours_2", ours), ("floor_2", floor)):
-            rates[name] = ingest_rate(s.port, 5000, seconds)
-        ours_rate = (rates["ours"] + rates["ours_2"]) / 2
-        floor_rate = (rates["floor"] + rates["floor_2"]) / 2
+            rates[name] = ingest_rate(s, 5000, seconds)
+
+        def mean(kind: str, k: int) -> float:
+            return (rates[kind][k] + rates[f"{kind}_2"][k]) / 2
+
+        ours_rate, floor_rate = mean("ours", 0), mean("floor", 0)
         # 5,000 pushes/s: every node once a second; 1,000/s: the agents' default 5 s interval.
-        under = decisions_while_pushing(ours, (1000.0, 5000.0), 3 if args.quick else 4, cycles)
+        rounds = 3 if args.quick else 4
+        under = decisions_while_pushing(ours, (1000.0, 5000.0), rounds, cycles)
+        # The floor under the same pushes: what the machine and the HTTP server alone add.
+        floor_under = decisions_while_pushing(floor, (5000.0,), rounds, cycles)
         idle_p99, busy_p99 = under[0.0]["p99_ms"], under[5000.0]["p99_ms"]
+        floor_idle, floor_busy = floor_under[0.0]["p99_ms"], floor_under[5000.0]["p99_ms"]
         result["ingest"] = {
             "pushes_per_s": round(ours_rate), "floor_pushes_per_s": round(floor_rate),
             "ratio": round(ours_rate / floor_rate, 2),
+            "server_cpu_us_per_push": round(mean("ours", 1), 1),
+            "floor_server_cpu_us_per_push": round(mean("floor", 1), 1),
             "decision_p99_ms_idle": round(idle_p99, 3), "decision_p99_ms_under_ingest": round(busy_p99, 3),
             "under_ingest_ratio": round(busy_p99 / idle_p99, 2),
             "pushes_per_s_during_decisions": round(under[5000.0]["pushes_per_s"]),
             "decision_p99_ms_at_1000_pushes_per_s": round(under[1000.0]["p99_ms"], 3),
             "at_1000_ratio": round(under[1000.0]["p99_ms"] / idle_p99, 2),
+            "floor_decision_p99_ms_idle": round(floor_idle, 3),
+            "floor_decision_p99_ms_under_ingest": round(floor_busy, 3),
+            "floor_under_ingest_ratio": round(floor_busy / floor_idle, 2),
             "decision_requests_per_point": under[0.0]["requests"],
         }  # fmt: skip
         print(f"ingest: {result['ingest']}", flush=True)
