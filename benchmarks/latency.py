@@ -271,6 +271,11 @@ def ingest(
     return time.perf_counter(), ps, queue
 
 
+PACED_CONNS = 32
+"""Connections per pusher process at a set rate: enough that a push answered a few ms late
+does not hold the next one back (each of 5,000 agents has a connection of its own)."""
+
+
 def decisions_while_pushing(
     server: Server, rates: tuple[float, ...], rounds: int, cycles: int
 ) -> dict[float, dict[str, float]]:
@@ -289,7 +294,9 @@ def decisions_while_pushing(
                 samples[0.0] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
                 continue
             stop = mp.Event()
-            t0, ps, queue = ingest(server.port, 5000, 120.0, rate=rate, stop=stop)
+            t0, ps, queue = ingest(
+                server.port, 5000, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
+            )
             time.sleep(1.0)  # a second at rate before measuring
             samples[rate] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
             stop.set()

@@ -117,6 +117,7 @@ class FastRoutes:
                     ctx, body, client[0] if client else None, ingest.bearer(scope["headers"])
                 )
             else:
+                ctx.push_turns.verb()
                 limit = ctx.settings.max_request_bytes
                 body = await _read(receive, limit, declared)
                 if body is None:

@@ -83,6 +83,7 @@ async def push(
         except AuthError as exc:
             metrics.labels("forbidden").inc()
             return _error(exc.status, str(exc))
+    await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
     result = ctx.state.ingest(report)
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     payload: dict[str, Any] = {
