@@ -139,9 +139,9 @@ class FactsCache:
             self.computed_rows += int(todo.size)
         a = self._arrays
         return GpuFacts(
-            **{name: np.take(a[name], rows, axis=0) for name in _FACT_ARRAYS},
-            terms=np.take(a["terms"], rows, axis=1),
-            host=HostRoom(np.take(a["host_cpu"], rows), np.take(a["host_memory"], rows)),
+            **{name: a[name].take(rows, axis=0) for name in _FACT_ARRAYS},
+            terms=a["terms"].take(rows, axis=1),
+            host=HostRoom(a["host_cpu"].take(rows), a["host_memory"].take(rows)),
         )
 
 
