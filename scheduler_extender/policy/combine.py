@@ -140,6 +140,11 @@ class GpuFacts:
         """Number of nodes."""
         return int(self.base_reason.shape[0])
 
+    @property
+    def room(self) -> IntArray:
+        """Free blocks per slot as fragmentation and best fit see them: 0 where held whole."""
+        return np.maximum(self.open_free, 0)
+
 
 GPU_TERMS = ("thermal", "power", "powerSaving", "health")
 """The GPU terms ``GpuFacts`` holds: every term of ``TERMS`` but memoryFit and topology."""
@@ -150,7 +155,10 @@ _TERM_AT = tuple(TERMS.index(t) for t in GPU_TERMS)
 def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     """The pod-independent part of each node's GPU verdict."""
     spec = policy.spec
-    capacity, free = _blocks(batch, policy)
+    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
+    free = memory.free_blocks(
+        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+    )
     healthy = batch.present & (batch.health != _UNHEALTHY)
     idle = memory.is_idle(
         batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
@@ -296,16 +304,6 @@ def gpu_verdict(
     )
 
 
-def _blocks(batch: NodeBatch, policy: Policy) -> tuple[IntArray, IntArray]:
-    """Each GPU's capacity and free room, in blocks."""
-    args = policy.spec.memory
-    capacity = memory.capacity_blocks(batch.memory_total_mib, args)
-    free = memory.free_blocks(
-        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, args
-    )
-    return capacity, free
-
-
 def _frag_applies(demand: PodDemand, policy: Policy, mix: fragmentation.DemandMix) -> bool:
     """Whether a placement of this pod is scored by the fragmentation it leaves."""
     args = policy.spec.fragmentation
@@ -322,15 +320,13 @@ def _fit(
     usable: BoolArray,
 ) -> FloatArray:
     """The memoryFit term per GPU: fragmentation score where it applies, else best fit."""
-    room = np.maximum(facts.open_free, 0)  # a GPU held whole has no free blocks
     if _frag_applies(demand, policy, mix):
         args = policy.spec.fragmentation
         return fragmentation.score(
-            room, facts.idle, facts.capacity, usable, demand, mix, args, facts.host
+            facts.room, facts.idle, facts.capacity, usable, demand, mix, args, facts.host
         )
-    return memory.fit_score(
-        room, facts.capacity, 0 if demand.needs_whole_gpu else demand.mem_blocks, demand.qos.packs
-    )
+    request = 0 if demand.needs_whole_gpu else demand.mem_blocks
+    return memory.fit_score(facts.room, facts.capacity, request, demand.qos.packs)
 
 
 def host_verdict(
@@ -345,7 +341,7 @@ def host_verdict(
     if not _frag_applies(demand, policy, mix):
         return np.zeros(facts.size)
     return fragmentation.host_score(
-        np.maximum(facts.open_free, 0),
+        facts.room,
         facts.idle,
         facts.capacity,
         facts.host,

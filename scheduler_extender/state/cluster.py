@@ -106,7 +106,7 @@ class _Cycle:
 
     uid: str
     shape: tuple[DemandKey, str | None]
-    stamp: tuple[object, ...]
+    basis: tuple[object, ...]
     at: float
     rows: npt.NDArray[np.int64]
     verdicts: _Rows
@@ -192,7 +192,7 @@ class ClusterState:
     def set_host_allocatable(self, node: str, cpu_milli: float, memory_mib: float) -> None:
         """A Node's allocatable CPU (millicores) and memory (MiB); NaN where unknown."""
         if self.host.set_allocatable(node, cpu_milli, memory_mib):
-            self.table.set_host_room(node, *self.host.free(node))
+            self._write_host(node)
 
     def host_pod(self, pod_uid: str, node: str, cpu_milli: int, memory_mib: int) -> None:
         """A pod bound to (or running on) ``node`` requests this host CPU and memory."""
@@ -318,15 +318,12 @@ class ClusterState:
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
         ctx = self.context(demand) if demand.group is not None else None
-        stamp = (
-            id(self.policy),
-            self.mix.version,
-            nameset.index_version,
-            None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes()),
-        )
+        basis = self._basis(nameset)
+        group = None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes())
+        stamp = (*basis, group)
         if labels is not None or nameset.raw is None:
             part = self._decide_rows(rows, demand, now, ctx, labels)
-            self._remember_cycle(demand, stamp[:3], now, rows, part, verb)
+            self._remember_cycle(demand, basis, now, rows, part, verb)
             points = prioritize_points(part.score, part.passed, self.policy, part.points)
             return Decision(names, part.passed, part.reason, points, nameset)
         key = (nameset.raw, demand_key(demand), demand.group)
@@ -345,14 +342,18 @@ class ClusterState:
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
             self._decisions.popitem(last=False)
-        self._remember_cycle(demand, stamp[:3], now, rows, memo, verb)
+        self._remember_cycle(demand, basis, now, rows, memo, verb)
         points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
         return Decision(names, memo.passed, memo.reason, points, nameset)
+
+    def _basis(self, nameset: NameSet) -> tuple[object, ...]:
+        """What every decision of a list rests on: the policy, the shape mix, the list's rows."""
+        return (id(self.policy), self.mix.version, nameset.index_version)
 
     def _remember_cycle(
         self,
         demand: PodDemand,
-        stamp: tuple[object, ...],
+        basis: tuple[object, ...],
         now: float,
         rows: npt.NDArray[np.int64],
         verdicts: _Rows,
@@ -360,7 +361,7 @@ class ClusterState:
     ) -> None:
         """A filter starts its pod's cycle; any other request ends the last one."""
         self._cycle = (
-            _Cycle(demand.uid, (demand_key(demand), demand.group), stamp, now, rows, verdicts)
+            _Cycle(demand.uid, (demand_key(demand), demand.group), basis, now, rows, verdicts)
             if verb == "filter" and demand.uid
             else None
         )
@@ -378,7 +379,7 @@ class ClusterState:
         ):
             return None
         nameset = self._namesets.get(raw_names, names, self.table)
-        if cycle.stamp != (id(self.policy), self.mix.version, nameset.index_version):
+        if cycle.basis != self._basis(nameset):
             return None
         v = cycle.verdicts
         if nameset.rows is cycle.rows:  # the very list the filter was sent

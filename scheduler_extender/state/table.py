@@ -35,7 +35,6 @@ _GPU_FLOAT = (
     "unaccounted_used_mib",
     "below_since",
 )
-GPU_FLOAT_COLUMNS = _GPU_FLOAT
 """The per-GPU float columns (one block in memory: a push writes them in one go)."""
 GPU_REPORT_COLUMNS = ("index", *_GPU_FLOAT, "hot", "health")
 """What ``write_node`` takes per reported GPU, in this order, as one float array."""
