@@ -60,7 +60,7 @@ def serve(asgi_app: Any) -> None:
     """Run an ASGI app on 127.0.0.1:--port exactly as the extender runs (uvicorn, GC tuning)."""
     import uvicorn
 
-    from scheduler_extender.cli import tune_gc, uvicorn_options
+    from scheduler_extender.serving import tune_gc, uvicorn_options
 
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)

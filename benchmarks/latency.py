@@ -56,36 +56,64 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of one process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 class Server:
+    """One server process. Ours takes pushes on a relay port of its own unless ``relay`` is off
+    (the agents' side of the deployment in manifests/); the others take them on their one port.
+    """
+
+    relay = True
+
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.port = free_port()
+        self.push_port = self.port
+        extra: list[str] = []
+        if kind == "ours" and Server.relay:
+            self.push_port = free_port()
+            extra = ["--ingest-port", str(self.push_port)]
         self.proc = subprocess.Popen(
-            [sys.executable, *SERVERS[kind], "--port", str(self.port)],
+            [sys.executable, *SERVERS[kind], "--port", str(self.port), *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-                c.request("GET", "/healthz")
-                if c.getresponse().status == 200:
-                    return
+                for port in {self.port, self.push_port}:
+                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                    c.request("GET", "/healthz")
+                    if c.getresponse().status != 200:
+                        raise OSError("not ready")
+                return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(
             f"{kind} did not start: {self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ''}"
         )
 
+    def pids(self) -> list[int]:
+        """The server's process and its children (ours: the telemetry relay)."""
+        pid = self.proc.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        return [pid, *map(int, children)]
+
     def cpu_s(self) -> float:
-        """CPU seconds the server process has used so far (user + system)."""
-        return proc_cpu_s(self.proc.pid)
+        """CPU seconds the server's processes have used so far (user + system)."""
+        return sum(proc_cpu_s(pid) for pid in self.pids())
 
     def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        """Resident memory of the server's processes together."""
+        return sum(rss_mib(pid) for pid in self.pids())
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -124,8 +152,8 @@ class Client:
         return elapsed, data
 
 
-def load(port: int, nodes: int, gpus: int = 8) -> None:
-    c = Client(port)
+def load(server: Server, nodes: int, gpus: int = 8) -> None:
+    c = Client(server.push_port)
     for i in range(nodes):
         c.post("/v1/telemetry", orjson.dumps(workload.report(i, seq=1, gpus=gpus)))
 
@@ -287,15 +315,15 @@ def decisions_while_pushing(
     samples: dict[float, list[float]] = {r: [] for r in (0.0, *rates)}
     achieved: dict[float, list[float]] = {r: [] for r in rates}
     k = server.kind
-    for k in range(rounds):
-        order = (0.0, *rates) if k % 2 == 0 else (*reversed(rates), 0.0)
+    for n in range(rounds):
+        order = (0.0, *rates) if n % 2 == 0 else (*reversed(rates), 0.0)
         for rate in order:
             if rate == 0.0:
                 samples[0.0] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
                 continue
             stop = mp.Event()
             t0, ps, queue = ingest(
-                server.port, 5000, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
+                server.push_port, 5000, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
             )
             time.sleep(1.0)  # a second at rate before measuring
             samples[rate] += drive({k: server}, 5000, "names", 1, cycles, None)[k]["samples"]
@@ -314,7 +342,7 @@ def decisions_while_pushing(
 def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, float]:
     """Pushes per second at the most the pushers can send, and server CPU µs per push."""
     cpu0 = server.cpu_s()
-    t0, ps, queue = ingest(server.port, nodes, seconds, rate=0.0)
+    t0, ps, queue = ingest(server.push_port, nodes, seconds, rate=0.0)
     counts = [queue.get(timeout=seconds + 60) for _ in ps]
     for p in ps:
         p.join()
@@ -402,7 +430,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="1k and 5k nodes, fewer cycles (< 5 min)")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    p.add_argument(
+        "--no-relay", action="store_true", help="ours takes pushes on the scheduler's port"
+    )
     args = p.parse_args()
+    Server.relay = not args.no_relay
     sizes = (1000, 5000) if args.quick else (1000, 5000, 10000)
     blocks, cycles = (4, 150) if args.quick else (6, 300)
     naive_cycles = 16 if args.quick else 32
@@ -410,6 +442,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "machine": versions(),
         "quick": args.quick,
+        "relay": Server.relay,
         "latency": {},
         "cycles_per_s": {},
     }
@@ -422,7 +455,7 @@ def main() -> int:
         servers = {kind: Server(kind) for kind in ("ours", "floor", "naive")}
         try:
             for s in servers.values():
-                load(s.port, n)
+                load(s, n)
             result["latency"][str(n)] = {}
             for mode in ("names", "nodes"):
                 if mode == "names":
@@ -477,7 +510,7 @@ def main() -> int:
     ours, floor = Server("ours"), Server("floor")
     try:
         for s in (ours, floor):
-            load(s.port, 5000)
+            load(s, 5000)
         rates: dict[str, tuple[float, float]] = {}
         for name, s in (("ours", ours), ("floor", floor), ("ours_2", ours), ("floor_2", floor)):
             rates[name] = ingest_rate(s, 5000, seconds)
@@ -518,12 +551,13 @@ def main() -> int:
     floor = Server("floor")
     try:
         base = ours.rss_mib()
-        load(ours.port, 10_000)
+        load(ours, 10_000)
         result["memory"] = {
             "extender_rss_mib_10k": round(ours.rss_mib(), 1), "extender_rss_mib_empty": round(base, 1),
+            "relay_rss_mib": round(sum(rss_mib(pid) for pid in ours.pids()[1:]), 1),
             "floor_rss_mib_empty": round(floor.rss_mib(), 1),
         }  # fmt: skip
-        result["memory"].update(agent_cost(ours.port, 10.0 if args.quick else 30.0))
+        result["memory"].update(agent_cost(ours.push_port, 10.0 if args.quick else 30.0))
         print(f"memory: {result['memory']}", flush=True)
     finally:
         ours.stop()

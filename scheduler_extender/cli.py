@@ -7,8 +7,6 @@ once and the process exits with status 2.
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from pydantic import ValidationError
 from scheduler_extender import __version__
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
+from scheduler_extender.serving import tune_gc, uvicorn_options
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8888)")
+    p.add_argument(
+        "--ingest-port", type=int, help="also take telemetry here, in a relay process of its own"
+    )
     p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
     p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -94,12 +96,26 @@ def main(argv: list[str] | None = None) -> int:
     if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
         print("gpu-sched-extender: --tls-cert-file and --tls-key-file go together", file=sys.stderr)
         return 2
+    listener = None
+    if settings.ingest_port is not None:
+        from scheduler_extender.api.relay import listen
+
+        try:
+            listener = listen(settings.host, settings.ingest_port)
+        except OSError as exc:
+            print(
+                f"gpu-sched-extender: cannot listen on {settings.host}:{settings.ingest_port} "
+                f"(--ingest-port): {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
     try:
         app = create_app(
             settings,
             policy=policy,
             policy_source=str(settings.policy_file) if settings.policy_file else "defaults",
             kube=kube,
+            ingest_listener=listener,
         )
     except (OSError, ValueError) as exc:
         print(f"gpu-sched-extender: {exc}", file=sys.stderr)
@@ -115,39 +131,3 @@ def main(argv: list[str] | None = None) -> int:
         app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level), **tls
     )
     return 0
-
-
-def tune_gc() -> None:
-    """Keep the cyclic garbage collector off the request path (the benchmarks' floor too).
-
-    A 5,000-node request with full Node objects creates about a million objects; with the
-    default thresholds (700 allocations) the collector runs hundreds of times per request and
-    walks every live object each full pass, which doubled the time to parse such a body.
-    Start-up objects are frozen out of collection, and young collections run every 50,000
-    allocations. Reference counting frees almost everything here anyway; cycles still go.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
-def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
-    """How the extender runs under uvicorn (the benchmarks' floor uses the same).
-
-    uvloop and httptools when present, no access log: the scheduler waits on every call we
-    answer, and an access log line costs as much as a small filter. Idle keep-alive
-    connections stay open 75 s (uvicorn's default is 5 s; Go's client keeps them 90 s), so a
-    quiet minute between scheduling bursts does not cost a reconnect.
-    """
-    return {
-        "log_level": log_level,
-        "access_log": False,
-        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
-        "server_header": False,
-        "date_header": False,
-        "timeout_keep_alive": 75,
-        # The client address is the peer's, never an X-Forwarded-For header: loopback-only
-        # pushes (embedded mode) must not be reachable by naming 127.0.0.1 in a header.
-        "proxy_headers": False,
-    }

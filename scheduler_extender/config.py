@@ -24,6 +24,16 @@ class ExtenderSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on; 0.0.0.0 in a Pod.")
     port: int = Field(8888, ge=1, le=65535, description="Port for the scheduler and telemetry.")
+    ingest_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Also take telemetry pushes on this port, served by a relay process of "
+        "their own so that pushes do not slow the scheduler's verbs; unset = no relay.",
+    )
+    ingest_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the relay's CPU priority is (nice)."
+    )
     path_prefix: str = Field(
         "",
         pattern=r"^(/[A-Za-z0-9._~-]+)*$",

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import __version__
-from scheduler_extender.api import fast, routes_debug
+from scheduler_extender.api import fast, relay, routes_debug
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewAuth
@@ -44,6 +44,7 @@ def create_app(
     auth: AgentAuth | None = None,
     state: ClusterState | None = None,
     kube: KubeApi | None = None,
+    ingest_listener: socket.socket | None = None,
 ) -> FastAPI:
     """Build the extender app. Nothing is created at import time; tests build fresh apps.
 
@@ -77,10 +78,7 @@ def create_app(
         )
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if kube is None:
-            yield
-            return
+    async def _cluster(kube: KubeApi) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
 
         def on_policy(new: Policy, source: str) -> None:
@@ -112,6 +110,22 @@ def create_app(
                 await asyncio.to_thread(ctx.elector.stop)
             await asyncio.to_thread(ctx.sync.stop)
 
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        supervisor = None
+        if ingest_listener is not None:
+            supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener)
+            await supervisor.start()
+        try:
+            if kube is None:
+                yield
+            else:
+                async with _cluster(kube):
+                    yield
+        finally:
+            if supervisor is not None:
+                await supervisor.stop()
+
     app = fast.ExtenderAPI(
         title="edgegpu scheduler extender",
         version=__version__,
@@ -120,6 +134,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.state.relay = None  # the RelaySupervisor, while the lifespan runs with ingest_listener
     app.include_router(routes_debug.router)
     app.fast = fast.FastRoutes(ctx, prefix=settings.path_prefix)
 

@@ -12,36 +12,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 
 from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s import wire
+from scheduler_extender.serving import (
+    TELEMETRY_PATH,
+    Receive,
+    Scope,
+    Send,
+    declared_length,
+    internal_error,
+    read_body,
+    read_push,
+    send_json,
+)
 from scheduler_extender.telemetry.schema import TelemetryReport
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[AppContext, bytes], Awaitable[bytes] | bytes]
 
 log = logging.getLogger("scheduler_extender")
-
-_CONTENT_TYPE = (b"content-type", b"application/json")
-
-
-def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
-    """Response headers for a JSON body of known length.
-
-    With a Content-Length, uvicorn writes the body as it is; without one it frames it in
-    chunked encoding (one more copy of the body, and a slower read for the client).
-    """
-    return [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
-
 
 VERBS: dict[str, Handler] = {
     "filter": verbs.filter_verb,
@@ -63,28 +57,6 @@ def _too_large(verb: str, ctx: AppContext, message: str) -> bytes:
     return wire.encode_filter_result(None, None, error=message)
 
 
-async def _read(receive: Receive, limit: int, declared: int | None) -> bytes | None:
-    """The body, or None when it is over ``limit`` (refused before reading when declared)."""
-    if declared is not None and declared > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"".join(chunks)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-TELEMETRY_PATH = "/v1/telemetry"
-
-
 class FastRoutes:
     """Answers the hot routes; ``handle`` says False for anything else."""
 
@@ -103,23 +75,15 @@ class FastRoutes:
         verb, handler = route
         ctx = self.ctx
         start = time.perf_counter()
-        declared = None
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit():
-                declared = int(value)
-                break
         status = 200
         try:
             if handler is None:
-                body = await _read(receive, ctx.settings.max_telemetry_bytes, declared)
-                client = scope.get("client")
-                status, out = await ingest.push(
-                    ctx, body, client[0] if client else None, ingest.bearer(scope["headers"])
-                )
+                push = await read_push(scope, receive, ctx.settings.max_telemetry_bytes)
+                status, out = await ingest.answer(ctx, *push)
             else:
                 ctx.push_turns.verb()
                 limit = ctx.settings.max_request_bytes
-                body = await _read(receive, limit, declared)
+                body = await read_body(receive, limit, declared_length(scope))
                 if body is None:
                     out = _too_large(verb, ctx, f"body is over the limit of {limit} bytes")
                 else:
@@ -127,9 +91,8 @@ class FastRoutes:
                     out = await result if isinstance(result, Awaitable) else result
         except Exception as exc:  # the verbs answer their own errors; this is the last guard
             log.exception("internal error on %s", scope["path"])
-            status, out = 500, orjson.dumps({"error": f"internal error ({type(exc).__name__})"})
-        await send({"type": "http.response.start", "status": status, "headers": json_headers(out)})
-        await send({"type": "http.response.body", "body": out})
+            status, out = 500, internal_error(exc)
+        await send_json(send, status, out)
         ctx.metrics.observe_latency(verb, time.perf_counter() - start)
         return True
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import logging
 from typing import Any
 
 import orjson
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
+from scheduler_extender.serving import internal_error
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 
 _MAX_PROBLEMS = 20
+
+log = logging.getLogger("scheduler_extender")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -33,16 +37,6 @@ def is_loopback(host: str | None) -> bool:
 
 def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes]:
     return status, orjson.dumps({"error": message, **extra})
-
-
-def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The bearer token of a request, if any."""
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-    return None
 
 
 async def push(
@@ -94,3 +88,14 @@ async def push(
     if result.reason:
         payload["reason"] = result.reason
     return 200, orjson.dumps(payload)
+
+
+async def answer(
+    ctx: AppContext, body: bytes | None, client: str | None, token: str | None
+) -> tuple[int, bytes]:
+    """``push``, with an unexpected error logged and answered 500 rather than raised."""
+    try:
+        return await push(ctx, body, client, token)
+    except Exception as exc:
+        log.exception("internal error on a telemetry push")
+        return 500, internal_error(exc)

@@ -104,7 +104,7 @@ async def test_a_fault_while_storing_a_push_is_a_500_with_a_message_not_a_traceb
 async def test_uvicorn_takes_the_peer_address_not_forwarded_headers(clock):
     import uvicorn
 
-    from scheduler_extender.cli import uvicorn_options
+    from scheduler_extender.serving import uvicorn_options
 
     assert uvicorn_options()["proxy_headers"] is False
     config = uvicorn.Config(create_app(clock=clock), **uvicorn_options())

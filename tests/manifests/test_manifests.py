@@ -212,3 +212,14 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
     for name in ("node_gpu_temperature_celsius", "node_gpu_power_watts", "node_gpu_power_limit_watts", "node_gpu_sm_clock_hertz",
                  "node_gpu_utilization_ratio", "node_gpu_memory_used_bytes", "node_gpu_health"):  # fmt: skip
         assert name in exprs
+
+
+def test_agents_push_to_the_extenders_relay_port():
+    (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
+    ingest = next(p for p in c["ports"] if p["name"] == "ingest")
+    assert c["args"][c["args"].index("--ingest-port") + 1] == str(ingest["containerPort"])
+    headless = by_kind("Service", "edgegpu-extender-headless")["spec"]["ports"]
+    service_port = next(p for p in headless if p["targetPort"] == "ingest")["port"]
+    (agent,) = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]["containers"]
+    url = next(a for a in agent["args"] if a.startswith("--extender-url="))
+    assert url.endswith(f"edgegpu-extender-headless.edgegpu-system.svc:{service_port}")

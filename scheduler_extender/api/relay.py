@@ -1,0 +1,136 @@
+"""The extender's side of the telemetry relay (``--ingest-port``; see ``scheduler_extender.relay``).
+
+``listen`` opens the relay's port in the extender itself (so a port in use is a start-up error,
+and the port stays open while a relay restarts). ``RelaySupervisor`` starts the relay process
+on that socket, takes its frames of pushes, answers each one with ``ingest.answer`` (the very
+code that answers a push on the scheduler's port, taking its turn after the scheduler's
+verbs), and starts the relay again if it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import msgspec
+
+from scheduler_extender.api import ingest
+from scheduler_extender.api.context import AppContext
+from scheduler_extender.relay import (
+    Answer,
+    FrameError,
+    Outbox,
+    Push,
+    command,
+    decode_pushes,
+    read_frame,
+)
+
+log = logging.getLogger("scheduler_extender")
+
+RESTART_S = 1.0
+"""Wait before starting a relay that exited (so a relay that cannot start does not spin)."""
+
+STOP_S = 5.0
+"""How long a relay has to finish its pushes at shutdown before it is killed."""
+
+
+def listen(host: str, port: int, backlog: int = 4096) -> socket.socket:
+    """The relay's listening socket (OSError when the port cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+class RelaySupervisor:
+    """Runs one relay process on ``listener`` and answers the pushes it passes on."""
+
+    def __init__(self, ctx: AppContext, listener: socket.socket) -> None:
+        self.ctx = ctx
+        self.listener = listener
+        self.process: asyncio.subprocess.Process | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._supervising: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the relay, and keep it running until ``stop``."""
+        await self._spawn()
+        self._supervising = asyncio.create_task(self._supervise())
+
+    async def stop(self) -> None:
+        """Stop the relay (pushes in flight are answered first, within ``STOP_S``)."""
+        self._stopping = True
+        if self._supervising is not None:
+            self._supervising.cancel()
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_S)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self.listener.close()
+
+    async def _spawn(self) -> None:
+        settings = self.ctx.settings
+        ours, theirs = socket.socketpair()
+        cert, key = settings.tls_cert_file, settings.tls_key_file
+        cmd = command(
+            self.listener.fileno(), theirs.fileno(), settings.max_telemetry_bytes,
+            settings.log_level, settings.ingest_nice,
+            str(cert) if cert else None, str(key) if key else None,
+        )  # fmt: skip
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *cmd,
+                pass_fds=(self.listener.fileno(), theirs.fileno()),
+                start_new_session=True,  # a terminal's Ctrl-C stops the extender, which stops us
+            )
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        self._keep(self._serve(reader, writer))
+
+    async def _supervise(self) -> None:
+        while True:
+            assert self.process is not None
+            code = await self.process.wait()
+            if self._stopping:
+                return
+            self.ctx.metrics.relay_restarts.inc()
+            log.error(
+                "telemetry relay exited with status %s; starting it again in %.0f s",
+                code,
+                RESTART_S,
+            )
+            await asyncio.sleep(RESTART_S)
+            await self._spawn()
+
+    def _keep(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        outbox: Outbox[Answer] = Outbox(writer)
+        try:
+            while True:
+                for push in decode_pushes(await read_frame(reader)):
+                    self._keep(self._answer(push, outbox))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the relay exited; the supervisor starts another
+        except (FrameError, msgspec.DecodeError) as exc:
+            log.error("telemetry relay sent a bad frame (%s); dropping it", exc)
+        finally:
+            writer.close()
+
+    async def _answer(self, push: Push, outbox: Outbox[Answer]) -> None:
+        start = time.perf_counter()
+        status, out = await ingest.answer(self.ctx, push.body, push.client, push.token)
+        outbox.put(Answer(push.id, status, out), len(out))
+        self.ctx.metrics.observe_latency("telemetry", time.perf_counter() - start)

@@ -1,0 +1,132 @@
+"""How the extender's processes serve HTTP: uvicorn options, GC tuning and raw ASGI helpers.
+
+Shared by the scheduler's process (``api``), the telemetry relay process (``relay``) and the
+benchmarks' floor. Standard library only, so that the relay stays small.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+TELEMETRY_PATH = "/v1/telemetry"
+"""Where agents push (DESIGN.md §3), on the scheduler's port and on the relay's."""
+
+_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector off the request path (the benchmarks' floor too).
+
+    A 5,000-node request with full Node objects creates about a million objects; with the
+    default thresholds (700 allocations) the collector runs hundreds of times per request and
+    walks every live object each full pass, which doubled the time to parse such a body.
+    Start-up objects are frozen out of collection, and young collections run every 50,000
+    allocations. Reference counting frees almost everything here anyway; cycles still go.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
+def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
+    """How the extender runs under uvicorn (the relay and the benchmarks' floor too).
+
+    uvloop and httptools when present, no access log: the scheduler waits on every call we
+    answer, and an access log line costs as much as a small filter. Idle keep-alive
+    connections stay open 75 s (uvicorn's default is 5 s; Go's client keeps them 90 s), so a
+    quiet minute between scheduling bursts does not cost a reconnect.
+    """
+    return {
+        "log_level": log_level,
+        "access_log": False,
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "server_header": False,
+        "date_header": False,
+        "timeout_keep_alive": 75,
+        # The client address is the peer's, never an X-Forwarded-For header: loopback-only
+        # pushes (embedded mode) must not be reachable by naming 127.0.0.1 in a header.
+        "proxy_headers": False,
+    }
+
+
+def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """Response headers for a JSON body of known length.
+
+    With a Content-Length, uvicorn writes the body as it is; without one it frames it in
+    chunked encoding (one more copy of the body, and a slower read for the client).
+    """
+    return [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    """Answer an ASGI request with a JSON body."""
+    await send({"type": "http.response.start", "status": status, "headers": json_headers(body)})
+    await send({"type": "http.response.body", "body": body})
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, when it sent a valid one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes | None:
+    """The body, or None when it is over ``limit`` (refused before reading when declared)."""
+    if declared is not None and declared > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The bearer token of a request, if any."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def client_host(scope: Scope) -> str | None:
+    """The peer's address (never a forwarded header)."""
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+async def read_push(
+    scope: Scope, receive: Receive, limit: int
+) -> tuple[bytes | None, str | None, str | None]:
+    """A telemetry push as the extender takes it: (body, peer address, bearer token).
+
+    The body is None when it is over ``limit``.
+    """
+    body = await read_body(receive, limit, declared_length(scope))
+    return body, client_host(scope), bearer(scope["headers"])
+
+
+def internal_error(exc: Exception) -> bytes:
+    """The JSON body of a 500 answer: the kind of error, never a traceback."""
+    return b'{"error":"internal error (%s)"}' % type(exc).__name__.encode()

@@ -1,0 +1,205 @@
+"""The telemetry relay (``--ingest-port``): a real relay process, real sockets on 127.0.0.1.
+
+Each test starts the app's lifespan, which starts the relay subprocess on a listening socket
+the test opened; pushes go to the relay over HTTP and must land in the extender's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from scheduler_extender import relay as wire
+from scheduler_extender.api.app import create_app
+from scheduler_extender.api.relay import listen
+from scheduler_extender.cli import main as cli_main
+from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.k8s.auth import StaticTokenAuth
+from scheduler_extender.telemetry.clock import FakeClock
+from tests.builders import gpu, report
+
+
+@asynccontextmanager
+async def running(**kwargs: Any) -> AsyncIterator[tuple[Any, str, httpx.AsyncClient]]:
+    """(app, relay URL, a client of the extender's own port) while the lifespan runs."""
+    listener = listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    settings = ExtenderSettings(log_level="warning", max_telemetry_bytes=64 * 1024)
+    app = create_app(
+        settings, clock=FakeClock(), registry=CollectorRegistry(), ingest_listener=listener,
+        **kwargs,
+    )  # fmt: skip
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://extender") as own:
+            yield app, url, own
+
+
+async def post(url: str, body: bytes, **headers: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as c:
+        return await c.post(f"{url}/v1/telemetry", content=body, headers=headers)
+
+
+async def test_pushes_through_the_relay_land_in_the_extender():
+    async with running() as (_, url, own):
+        first = await post(url, orjson.dumps(report("edge-1", [gpu(0, temperature_c=61.0)], seq=5)))
+        assert first.status_code == 200
+        assert first.json() == {"accepted": True, "performance_gpus": []}
+        node = (await own.get("/debug/nodes/edge-1")).json()
+        assert node["gpus"][0]["temperature_c"] == 61.0
+        again = await post(url, orjson.dumps(report("edge-1", [gpu(0)], seq=5)))
+        assert again.json()["accepted"] is False
+        assert "not newer" in again.json()["reason"]
+        # The extender counts and times relayed pushes as its own.
+        metrics = (await own.get("/metrics")).text
+        assert 'edgegpu_extender_telemetry_reports_total{result="ignored"} 1.0' in metrics
+        assert 'edgegpu_extender_request_duration_seconds_count{verb="telemetry"} 2.0' in metrics
+
+
+async def test_many_pushes_at_once_each_get_their_own_answer():
+    async with running() as (_, url, own):
+        bodies = [orjson.dumps(report(f"n{i}", [gpu(0)], seq=1)) for i in range(60)]
+        bodies += [orjson.dumps(report("n0", [gpu(0)], seq=1))]  # a repeat: ignored
+        answers = await asyncio.gather(*(post(url, b) for b in bodies))
+        assert [a.json()["accepted"] for a in answers] == [True] * 60 + [False]
+        nodes = (await own.get("/debug/nodes")).json()["nodes"]
+        assert len(nodes) == 60
+
+
+async def test_bad_pushes_get_the_same_answers_as_on_the_scheduler_port():
+    async with running() as (_, url, own):
+        bad = report("n", [gpu(0, temperature_c="hot")])
+        via_relay = await post(url, orjson.dumps(bad))
+        direct = await own.post("/v1/telemetry", content=orjson.dumps(bad))
+        assert via_relay.status_code == direct.status_code == 422
+        assert via_relay.json() == direct.json()
+        assert (await post(url, b"{not json")).status_code == 422
+        too_big = await post(url, b"x" * (65 * 1024))
+        assert too_big.status_code == 413
+        assert "over the limit" in too_big.json()["error"]
+        async with httpx.AsyncClient() as c:
+            assert (await c.get(f"{url}/healthz")).json() == {"status": "ok"}
+            assert (await c.get(f"{url}/v1/telemetry")).status_code == 405
+            elsewhere = await c.post(f"{url}/filter", content=b"{}")
+            assert elsewhere.status_code == 404
+            assert "telemetry pushes only" in elsewhere.json()["error"]
+
+
+async def test_agent_tokens_are_checked_by_the_extender(tmp_path: Path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-1 edge-1\n")
+    async with running(auth=StaticTokenAuth(tokens)) as (_, url, _own):
+        body = orjson.dumps(report("edge-1", [gpu(0)]))
+        assert (await post(url, body)).status_code == 401
+        assert (await post(url, body, authorization="Bearer wrong")).status_code == 401
+        other = orjson.dumps(report("edge-2", [gpu(0)]))
+        assert (await post(url, other, authorization="Bearer secret-1")).status_code == 403
+        ok = await post(url, body, authorization="Bearer secret-1")
+        assert ok.status_code == 200
+        assert ok.json()["accepted"] is True
+
+
+async def wait_for(predicate: Any, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_relay_that_dies_is_started_again_and_no_push_is_refused_meanwhile():
+    async with running() as (app, url, own):
+        supervisor = app.state.relay
+        assert (await post(url, orjson.dumps(report("a", [gpu(0)])))).status_code == 200
+        first = supervisor.process
+        first.kill()
+        await first.wait()
+        # The port stays open in the extender: this push waits for the next relay.
+        late = await post(url, orjson.dumps(report("b", [gpu(0)])))
+        assert late.status_code == 200
+        assert late.json()["accepted"] is True
+        assert supervisor.process is not first
+        metrics = (await own.get("/metrics")).text
+        assert "edgegpu_extender_relay_restarts_total 1.0" in metrics
+
+
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+async def test_the_relay_runs_at_a_lower_priority_and_stops_with_the_extender():
+    async with running() as (app, url, _own):
+        process = app.state.relay.process
+        await post(url, orjson.dumps(report("a", [gpu(0)])))  # it is up
+        assert niceness(process.pid) == niceness(os.getpid()) + 10
+        assert process.returncode is None
+    assert process.returncode is not None
+
+
+async def test_a_relay_whose_extender_is_gone_exits():
+    listener = listen("127.0.0.1", 0)
+    ours, theirs = socket.socketpair()
+    cmd = wire.command(listener.fileno(), theirs.fileno(), 1024, "warning", 0)
+    proc = subprocess.Popen(cmd, pass_fds=(listener.fileno(), theirs.fileno()))
+    theirs.close()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        async with httpx.AsyncClient() as c:
+            for _ in range(200):
+                try:
+                    if (await c.get(f"{url}/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+        ours.close()  # the extender has gone
+        assert await asyncio.to_thread(proc.wait, 20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        listener.close()
+
+
+async def test_frames_carry_a_turns_items_together_and_refuse_nonsense():
+    ours, theirs = socket.socketpair()
+    reader, reader_side = await asyncio.open_unix_connection(sock=ours)
+    _, writer = await asyncio.open_unix_connection(sock=theirs)
+    outbox: wire.Outbox[wire.Push] = wire.Outbox(writer)
+    outbox.put(wire.Push(1, "127.0.0.1", None, b"{}"), 2)
+    outbox.put(wire.Push(2, None, "t", None), 0)
+    await asyncio.sleep(0)  # the turn ends: one frame
+    pushes = wire.decode_pushes(await wire.read_frame(reader))
+    assert pushes == [wire.Push(1, "127.0.0.1", None, b"{}"), wire.Push(2, None, "t", None)]
+    writer.write((wire.MAX_FRAME + 1).to_bytes(4, "big"))
+    with pytest.raises(wire.FrameError):
+        await wire.read_frame(reader)
+    writer.close()
+    reader_side.close()
+
+
+def test_an_ingest_port_in_use_is_a_start_up_error(capsys: pytest.CaptureFixture[str]):
+    taken = listen("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        assert cli_main(["--port", "1", "--ingest-port", str(port)]) == 2
+        assert f"cannot listen on 127.0.0.1:{port} (--ingest-port)" in capsys.readouterr().err
+    finally:
+        taken.close()
+
+
+def test_the_relay_command_runs_at_the_configured_priority():
+    cmd = wire.command(3, 4, 100, "info", 10, "c.pem", "k.pem")
+    assert cmd[1:3] == ["-m", "scheduler_extender.relay"]
+    assert cmd[cmd.index("--nice") + 1] == "10"
+    assert cmd[-4:] == ["--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem"]
