@@ -70,15 +70,18 @@ class Server:
     """
 
     relay = True
+    settle_ms = 100.0
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.port = free_port()
         self.push_port = self.port
         extra: list[str] = []
-        if kind == "ours" and Server.relay:
-            self.push_port = free_port()
-            extra = ["--ingest-port", str(self.push_port)]
+        if kind == "ours":
+            extra = ["--settle-ms", str(Server.settle_ms)]
+            if Server.relay:
+                self.push_port = free_port()
+                extra += ["--ingest-port", str(self.push_port)]
         self.proc = subprocess.Popen(
             [sys.executable, *SERVERS[kind], "--port", str(self.port), *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -433,8 +436,13 @@ def main() -> int:
     p.add_argument(
         "--no-relay", action="store_true", help="ours takes pushes on the scheduler's port"
     )
+    p.add_argument(
+        "--settle-ms", type=float, default=Server.settle_ms,
+        help="ours decides on pushes in batches this often (manifests/ deploy 100; 0: each)",
+    )  # fmt: skip
     args = p.parse_args()
     Server.relay = not args.no_relay
+    Server.settle_ms = args.settle_ms
     sizes = (1000, 5000) if args.quick else (1000, 5000, 10000)
     blocks, cycles = (4, 150) if args.quick else (6, 300)
     naive_cycles = 16 if args.quick else 32
@@ -443,6 +451,7 @@ def main() -> int:
         "machine": versions(),
         "quick": args.quick,
         "relay": Server.relay,
+        "settle_ms": Server.settle_ms,
         "latency": {},
         "cycles_per_s": {},
     }

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ingest-port", type=int, help="also take telemetry here, in a relay process of its own"
     )
+    p.add_argument(
+        "--settle-ms", type=float, help="decide on pushes in batches this often (default 0: each)"
+    )
     p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
     p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])

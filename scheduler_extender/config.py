@@ -31,6 +31,14 @@ class ExtenderSettings(BaseSettings):
         description="Also take telemetry pushes on this port, served by a relay process of "
         "their own so that pushes do not slow the scheduler's verbs; unset = no relay.",
     )
+    settle_ms: float = Field(
+        0.0,
+        ge=0,
+        le=10_000,
+        description="0: every decision sees every push taken before it. Otherwise pushes are "
+        "decided on in batches every settle_ms (at most twice that late), off the scheduler's "
+        "requests; binds and other cluster changes are still seen at once.",
+    )
     ingest_nice: int = Field(
         10, ge=0, le=19, description="How much lower the relay's CPU priority is (nice)."
     )

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import __version__
-from scheduler_extender.api import fast, relay, routes_debug
+from scheduler_extender.api import fast, relay, routes_debug, turns
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewAuth
@@ -54,7 +54,9 @@ def create_app(
     loopback or carry a static token.
     """
     settings = settings or ExtenderSettings()
-    state = state or ClusterState(clock or SystemClock(), policy)
+    state = state or ClusterState(
+        clock or SystemClock(), policy, settle_s=settings.settle_ms / 1000
+    )
     registry = registry or CollectorRegistry()
     if binder is None and kube is not None:
         binder = KubeBinder(kube)
@@ -113,6 +115,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         supervisor = None
+        settling = None
+        if state.settle_s > 0:
+            settling = asyncio.create_task(turns.settle_loop(state, state.settle_s))
         if ingest_listener is not None:
             supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener)
             await supervisor.start()
@@ -123,6 +128,8 @@ def create_app(
                 async with _cluster(kube):
                     yield
         finally:
+            if settling is not None:
+                settling.cancel()
             if supervisor is not None:
                 await supervisor.stop()
 

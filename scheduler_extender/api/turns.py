@@ -12,8 +12,13 @@ cost ingest throughput).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
+
+from scheduler_extender.state.cluster import ClusterState
+
+log = logging.getLogger("scheduler_extender")
 
 BUSY_S = 0.1
 """How long after a verb the scheduler counts as active."""
@@ -64,3 +69,19 @@ class PushTurns:
             asyncio.get_running_loop().call_soon(self._next)
         else:
             self._scheduled = False
+
+
+async def settle_loop(state: ClusterState, period_s: float) -> None:
+    """Every ``period_s``, settle the pushes taken meanwhile and warm the recent decisions.
+
+    One decision is warmed per turn of the event loop, so the scheduler's next requests find
+    their answers ready instead of each deciding the changed rows themselves.
+    """
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            if state.settle():
+                for _ in state.warm():
+                    await asyncio.sleep(0)
+        except Exception:  # never let a bad batch stop the loop; the verbs decide on their own
+            log.exception("settling telemetry failed")

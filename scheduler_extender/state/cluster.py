@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +51,8 @@ DEMAND_CACHE_SIZE = 16_384
 
 DECISION_MEMO_SIZE = 64
 """Decisions kept by (candidate list, demand shape, group)."""
+
+_MemoKey = tuple[bytes, DemandKey, str | None]
 
 CYCLE_S = 1.0
 """How long after a pod's filter its prioritize is answered from what that filter saw."""
@@ -134,9 +136,15 @@ class Decision:
 class ClusterState:
     """The extender's whole memory. Not thread-safe: every call comes from one event loop."""
 
-    def __init__(self, clock: Clock, policy: Policy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self, clock: Clock, policy: Policy = DEFAULT_POLICY, settle_s: float = 0.0
+    ) -> None:
         self.clock = clock
         self.policy = policy
+        self.settle_s = settle_s
+        """0: a decision sees every push taken before it. Otherwise telemetry writes are
+        decided on in batches (``settle``), each at most ``2 * settle_s`` after it arrived."""
+        self._settled_at = -float("inf")
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
@@ -146,7 +154,9 @@ class ClusterState:
         self._verdicts = VerdictCache()
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
-        self._decisions: OrderedDict[tuple[bytes, DemandKey, str | None], _Memo] = OrderedDict()
+        self._decisions: OrderedDict[_MemoKey, _Memo] = OrderedDict()
+        self._sources: dict[_MemoKey, tuple[NameSet, PodDemand]] = {}
+        """What each kept decision was for, so that ``warm`` can decide it again."""
         self._cycle: _Cycle | None = None
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
@@ -173,8 +183,37 @@ class ClusterState:
                 for proc in gpu.processes:
                     if proc.pod_uid:
                         self.allocations.renew(proc.pod_uid, now + ttl)
-            self._write_node(report.node)
+            with self.table.deferred(self.settle_s > 0):
+                self._write_node(report.node)
         return result
+
+    def settle(self) -> int:
+        """Let decisions see every telemetry write so far; returns the rows that had one.
+
+        With ``settle_s`` 0 there is never anything to settle. Otherwise ``settle`` is called
+        every ``settle_s`` (then ``warm``), and a decision calls it itself when it has not run
+        for twice as long. Writes other than telemetry (binds, releases, labels, policy) are
+        seen at once: a bind is never decided on late.
+        """
+        self._settled_at = self.clock.monotonic()
+        return self.table.settle()
+
+    def warm(self) -> Iterator[None]:
+        """Decide the kept decisions again after ``settle``, most recent first, one per step.
+
+        The caller yields to the scheduler's requests between steps; a request that comes
+        first simply does that decision's share of the work itself.
+        """
+        for key in reversed(list(self._decisions)):
+            source = self._sources.get(key)
+            if source is None:
+                continue
+            nameset, demand = source
+            if nameset.index_version != self.table.index_version:
+                continue
+            ctx, _, stamp = self._grounds(nameset, demand)
+            self._memo_for(key, nameset, demand, self.clock.monotonic(), ctx, stamp)
+            yield
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
@@ -292,12 +331,17 @@ class ClusterState:
         and group is kept, and only its rows that were written since, or whose cool-down or
         freshness ran out, are decided again.
 
+        With ``settle_s`` set, "changed" means settled (``settle``): telemetry taken since the
+        last settle waits for the next one, binds and other writes count at once.
+
         One exception, as kube-scheduler's own cycle works from one snapshot: a ``prioritize``
         that follows its pod's ``filter`` (no other pod's request between, within ``CYCLE_S``)
         scores the nodes as that filter saw them, so that filter and scores agree and the
         rows written in the millisecond between are not decided again.
         """
         now = self.clock.monotonic()
+        if self.settle_s and now - self._settled_at >= 2 * self.settle_s:
+            self.settle()
         if verb == "prioritize":
             kept = self._from_cycle(names, demand, raw_names, now)
             if kept is not None:
@@ -317,17 +361,31 @@ class ClusterState:
             return Decision(names, passed, zeros, prioritize_points(score, passed, self.policy))
         nameset = self._namesets.get(raw_names, names, self.table)
         rows = nameset.rows
-        ctx = self.context(demand) if demand.group is not None else None
-        basis = self._basis(nameset)
-        group = None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes())
-        stamp = (*basis, group)
+        ctx, basis, stamp = self._grounds(nameset, demand)
         if labels is not None or nameset.raw is None:
             part = self._decide_rows(rows, demand, now, ctx, labels)
             self._remember_cycle(demand, basis, now, rows, part, verb)
             points = prioritize_points(part.score, part.passed, self.policy, part.points)
             return Decision(names, part.passed, part.reason, points, nameset)
         key = (nameset.raw, demand_key(demand), demand.group)
-        version = self.table.column("version")[rows]
+        memo = self._memo_for(key, nameset, demand, now, ctx, stamp)
+        self._sources[key] = (nameset, demand)
+        self._remember_cycle(demand, basis, now, rows, memo, verb)
+        points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
+        return Decision(names, memo.passed, memo.reason, points, nameset)
+
+    def _memo_for(
+        self,
+        key: _MemoKey,
+        nameset: NameSet,
+        demand: PodDemand,
+        now: float,
+        ctx: Context | None,
+        stamp: tuple[object, ...],
+    ) -> _Memo:
+        """The kept decision of a list for a shape, with the rows changed since decided again."""
+        rows = nameset.rows
+        version = self.table.column("settled")[rows]
         memo = self._decisions.get(key)
         if memo is None or memo.stamp != stamp:
             memo = self._decide_rows(rows, demand, now, ctx, None).kept(version, stamp)
@@ -341,10 +399,18 @@ class ClusterState:
         self._decisions[key] = memo
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
-            self._decisions.popitem(last=False)
-        self._remember_cycle(demand, basis, now, rows, memo, verb)
-        points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
-        return Decision(names, memo.passed, memo.reason, points, nameset)
+            gone, _ = self._decisions.popitem(last=False)
+            self._sources.pop(gone, None)
+        return memo
+
+    def _grounds(
+        self, nameset: NameSet, demand: PodDemand
+    ) -> tuple[Context | None, tuple[object, ...], tuple[object, ...]]:
+        """(group context, basis, stamp) of a decision: what its kept answer rests on."""
+        ctx = self.context(demand) if demand.group is not None else None
+        basis = self._basis(nameset)
+        group = None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes())
+        return ctx, basis, (*basis, group)
 
     def _basis(self, nameset: NameSet) -> tuple[object, ...]:
         """What every decision of a list rests on: the policy, the shape mix, the list's rows."""
@@ -569,16 +635,17 @@ class ClusterState:
     def _rack_free(self, demand: PodDemand) -> npt.NDArray[np.float64]:
         """Free room per rack id for the pod's kind of request (blocks or whole GPUs).
 
-        Summed again only after a row changed: job groups arrive in bursts of pods.
+        Summed again only after a row changed as decisions see it (``settle``): job groups
+        arrive in bursts of pods.
         """
         if self.table.rack_count == 0:
             return np.zeros(0)
-        self._refresh_room()
         whole = demand.needs_whole_gpu
-        stamp = (self.table.writes, self.table.rack_count, id(self.policy))
+        stamp = (self.table.settled_writes, self.table.rack_count, id(self.policy))
         cached = self._rack_free_cache.get(whole)
         if cached is not None and cached[0] == stamp:
             return cached[1]
+        self._refresh_room()
         col = self.table.column
         rack = col("rack")
         room = col("idle_gpus") if whole else col("free_blocks")

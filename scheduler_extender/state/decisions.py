@@ -1,9 +1,11 @@
 """Caches that keep the request path a few array operations long.
 
 ``FactsCache``: each node's ``gpu_facts`` (what its GPUs offer whatever the pod asks), worked
-out once per row write and shared by every demand shape. ``VerdictCache``: per demand shape
+out once per row version and shared by every demand shape. ``VerdictCache``: per demand shape
 (class, blocks or whole GPUs), each node's GPU verdict, kept until the node's row changes or one
-of its GPUs leaves its cool-down. A request recomputes only the rows that changed since the
+of its GPUs leaves its cool-down. Both go by the table's settled versions (``NodeTable.settle``):
+a row written is decided again once its write is settled; a row worked out for the first time
+reads the table as it is now. A request recomputes only the rows that changed since the
 last request of that shape, with the same pure ``gpu_verdict`` the policy defines.
 ``NameSets``: the scheduler sends the same candidate list again and again; the list's raw bytes
 map to its rows and to a ready answer template.
@@ -123,7 +125,7 @@ class FactsCache:
     def take(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> GpuFacts:
         """The facts of these rows; rows written since they were last worked out are redone."""
         if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
-            stale = self._version[rows] != table.column("version")[rows]
+            stale = self._version[rows] != table.column("settled")[rows]
         else:
             stale = np.ones(rows.shape[0], dtype=np.bool_)
         if stale.any():
@@ -135,7 +137,7 @@ class FactsCache:
                 a[name][todo] = getattr(fresh, name)
             a["terms"][:, todo] = fresh.terms
             a["host_cpu"][todo], a["host_memory"][todo] = fresh.host.cpu, fresh.host.memory
-            self._version[todo] = table.column("version")[todo]
+            self._version[todo] = table.column("settled")[todo]
             self.computed_rows += int(todo.size)
         a = self._arrays
         return GpuFacts(
@@ -189,7 +191,7 @@ class VerdictCache:
         else:
             self._shapes.move_to_end(key)
         entry.grow(table.capacity)
-        version = table.column("version")
+        version = table.column("settled")
         dirty = (entry.version[rows] != version[rows]) | (now >= entry.valid_until[rows])
         if dirty.any():
             todo = np.unique(rows[dirty])

@@ -7,7 +7,8 @@ stands in for nodes nobody has heard of. Imports numpy and ``policy.combine`` (f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
 
@@ -73,6 +74,9 @@ class NodeTable:
         self.index_version = 0
         """Bumped whenever a name gains or loses a row (caches of name → row check it)."""
         self._writes = 0
+        self._seen_writes = 0
+        self.deferring = False
+        """While set, row writes wait for ``settle`` before decisions see them."""
         self._names: list[str | None] = [None]
         self._free_rows: list[int] = []
         self._racks: dict[str, int] = {}
@@ -91,7 +95,7 @@ class NodeTable:
             return np.zeros(rows, dtype=np.bool_)
         if name == "rack":
             return np.full(rows, -1, dtype=np.int64)
-        if name == "version":
+        if name in ("version", "settled"):
             return np.zeros(rows, dtype=np.int64)
         if name in _GPU_FLOAT:
             return np.full((rows, gpus), np.nan)
@@ -109,6 +113,7 @@ class NodeTable:
             *_NODE_BOOL,
             "rack",
             "version",
+            "settled",
             *_GPU_FLOAT,
             *_GPU_BOOL,
             "health",
@@ -157,10 +162,37 @@ class NodeTable:
         """Row writes so far: unchanged means no row has changed since it was last read."""
         return self._writes
 
+    @property
+    def settled_writes(self) -> int:
+        """Changes decisions can see: unchanged means no settled row has changed."""
+        return self._seen_writes
+
     def _touch(self, row: int) -> None:
-        # Every write gives the row a new version, so cached verdicts of that row lapse.
+        # Every write gives the row a new version. Decisions go by the settled version, which
+        # follows at once unless the write is deferred; cached verdicts of the row then lapse.
         self._writes += 1
         self._cols["version"][row] = self._writes
+        if not self.deferring:
+            self._cols["settled"][row] = self._writes
+            self._seen_writes += 1
+
+    @contextmanager
+    def deferred(self, defer: bool = True) -> Iterator[None]:
+        """Row writes made inside wait for the next ``settle`` (when ``defer``)."""
+        was, self.deferring = self.deferring, defer
+        try:
+            yield
+        finally:
+            self.deferring = was
+
+    def settle(self) -> int:
+        """Let decisions see every deferred write; returns how many rows had one."""
+        version, settled = self._cols["version"], self._cols["settled"]
+        changed = int(np.count_nonzero(version != settled))
+        if changed:
+            settled[:] = version
+            self._seen_writes += 1
+        return changed
 
     def _ensure_gpus(self, count: int) -> None:
         if count > self._gpus:
