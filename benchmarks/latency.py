@@ -302,9 +302,10 @@ def ingest(
     return time.perf_counter(), ps, queue
 
 
-PACED_CONNS = 32
-"""Connections per pusher process at a set rate: enough that a push answered a few ms late
-does not hold the next one back (each of 5,000 agents has a connection of its own)."""
+PACED_CONNS = 64
+"""Connections per pusher process at a set rate: enough that a push answered some ms late
+does not hold the next one back (each of 5,000 agents has a connection of its own; ours holds
+pushes for up to 10 ms while the scheduler is active)."""
 
 
 def decisions_while_pushing(

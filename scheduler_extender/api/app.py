@@ -116,11 +116,11 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         supervisor = None
         settling = None
-        if state.settle_s > 0:
-            settling = asyncio.create_task(turns.settle_loop(state, state.settle_s))
         if ingest_listener is not None:
             supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener)
             await supervisor.start()
+        if state.settle_s > 0:
+            settling = asyncio.create_task(turns.settle_loop(state, state.settle_s))
         try:
             if kube is None:
                 yield

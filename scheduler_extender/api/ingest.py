@@ -40,9 +40,17 @@ def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes]:
 
 
 async def push(
-    ctx: AppContext, body: bytes | None, client: str | None, token: str | None
+    ctx: AppContext,
+    body: bytes | None,
+    client: str | None,
+    token: str | None,
+    take_turn: bool = True,
 ) -> tuple[int, bytes]:
-    """One push → (status, JSON body). ``body`` None means it was over the size cap."""
+    """One push → (status, JSON body). ``body`` None means it was over the size cap.
+
+    ``take_turn``: wait for a turn after the scheduler's verbs (``PushTurns``) before storing;
+    a caller that yields to them by itself says False.
+    """
     metrics = ctx.metrics.telemetry
     identity: Identity | None = None
     if ctx.auth is None:
@@ -77,7 +85,8 @@ async def push(
         except AuthError as exc:
             metrics.labels("forbidden").inc()
             return _error(exc.status, str(exc))
-    await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
+    if take_turn:
+        await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
     result = ctx.state.ingest(report)
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     payload: dict[str, Any] = {
@@ -91,11 +100,15 @@ async def push(
 
 
 async def answer(
-    ctx: AppContext, body: bytes | None, client: str | None, token: str | None
+    ctx: AppContext,
+    body: bytes | None,
+    client: str | None,
+    token: str | None,
+    take_turn: bool = True,
 ) -> tuple[int, bytes]:
     """``push``, with an unexpected error logged and answered 500 rather than raised."""
     try:
-        return await push(ctx, body, client, token)
+        return await push(ctx, body, client, token, take_turn)
     except Exception as exc:
         log.exception("internal error on a telemetry push")
         return 500, internal_error(exc)

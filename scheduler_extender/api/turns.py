@@ -41,6 +41,11 @@ class PushTurns:
         self._verb_at = time.monotonic()
 
     @property
+    def busy(self) -> bool:
+        """Whether the scheduler is active (a verb within the last ``BUSY_S``)."""
+        return time.monotonic() - self._verb_at < BUSY_S
+
+    @property
     def waiting(self) -> int:
         """Pushes waiting for their turn."""
         return len(self._waiting)
@@ -59,7 +64,7 @@ class PushTurns:
         # Runs once per loop iteration while pushes wait. The pushes it wakes continue at the
         # next iteration, after the requests that the poll brought in meanwhile.
         waiting = len(self._waiting)
-        let = max(1, waiting // BACKLOG) if time.monotonic() - self._verb_at < BUSY_S else waiting
+        let = max(1, waiting // BACKLOG) if self.busy else waiting
         while self._waiting and let:
             turn = self._waiting.popleft()
             if not turn.done():  # a cancelled push gives its turn away

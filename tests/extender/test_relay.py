@@ -23,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import relay as wire
+from scheduler_extender.api import relay as relay_mod
 from scheduler_extender.api.app import create_app
 from scheduler_extender.api.relay import listen
 from scheduler_extender.cli import main as cli_main
@@ -203,3 +204,38 @@ def test_the_relay_command_runs_at_the_configured_priority():
     assert cmd[1:3] == ["-m", "scheduler_extender.relay"]
     assert cmd[cmd.index("--nice") + 1] == "10"
     assert cmd[-4:] == ["--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem"]
+
+
+async def test_with_settling_relayed_pushes_are_held_briefly_and_all_answered():
+    async with running() as (app, url, own):
+        ctx = app.state.ctx
+        ctx.state.settle_s = 0.05
+        supervisor = app.state.relay
+        ctx.push_turns.verb()  # the scheduler is active: pushes are held
+        bodies = [orjson.dumps(report(f"h{i}", [gpu(0)], seq=1)) for i in range(40)]
+        answers = await asyncio.gather(*(post(url, b) for b in bodies))
+        assert all(a.json()["accepted"] for a in answers)
+        assert supervisor.held == 0
+        ctx.state.settle()
+        nodes = (await own.get("/debug/nodes")).json()["nodes"]
+        assert {n["node"] for n in nodes} == {f"h{i}" for i in range(40)}
+        metrics = (await own.get("/metrics")).text
+        assert 'edgegpu_extender_request_duration_seconds_count{verb="telemetry"} 40.0' in metrics
+
+
+async def test_held_pushes_are_answered_before_the_relay_stops():
+    async with running() as (app, url, _own):
+        app.state.ctx.state.settle_s = 60.0
+        supervisor = app.state.relay
+        relay_mod.HOLD_S, held_for = 60.0, relay_mod.HOLD_S  # held until the extender stops
+        try:
+            app.state.ctx.push_turns._verb_at = time.monotonic() + 3600  # busy throughout
+            pending = asyncio.create_task(post(url, orjson.dumps(report("late", [gpu(0)]))))
+            await wait_for(lambda: supervisor.held == 1)
+            stopping = asyncio.create_task(supervisor.stop())
+            answer = await pending
+            await stopping
+        finally:
+            relay_mod.HOLD_S = held_for
+        assert answer.status_code == 200
+        assert answer.json()["accepted"] is True
