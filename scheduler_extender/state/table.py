@@ -185,11 +185,11 @@ class NodeTable:
         finally:
             self.deferring = was
 
-    def settle(self) -> int:
-        """Let decisions see every deferred write; returns how many rows had one."""
+    def settle(self) -> npt.NDArray[np.int64]:
+        """Let decisions see every deferred write; returns the rows that had one."""
         version, settled = self._cols["version"], self._cols["settled"]
-        changed = int(np.count_nonzero(version != settled))
-        if changed:
+        changed = np.flatnonzero(version != settled)
+        if changed.size:
             settled[:] = version
             self._seen_writes += 1
         return changed
