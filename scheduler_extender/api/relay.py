@@ -19,6 +19,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -51,7 +52,7 @@ DRAIN_TURN = 16
 """Held pushes applied per turn of the event loop (under a millisecond of work)."""
 
 MAX_HELD = 20_000
-"""Held pushes past this are applied without waiting for the settle."""
+"""Held pushes past this are applied without waiting out ``HOLD_S``."""
 
 
 def listen(host: str, port: int, backlog: int = 4096) -> socket.socket:
@@ -70,7 +71,7 @@ class RelaySupervisor:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._supervising: asyncio.Task[None] | None = None
-        self._held: list[tuple[Push, Outbox[Answer]]] = []
+        self._held: deque[tuple[Push, Outbox[Answer]]] = deque()
         self._draining = False
 
     async def start(self) -> None:
@@ -178,8 +179,8 @@ class RelaySupervisor:
         self._draining = True
         try:
             while self._held:
-                turn, self._held = self._held[:DRAIN_TURN], self._held[DRAIN_TURN:]
-                for push, outbox in turn:
+                for _ in range(min(DRAIN_TURN, len(self._held))):
+                    push, outbox = self._held.popleft()
                     await self._answer(push, outbox, take_turn=False)
                 await asyncio.sleep(0)  # the scheduler's requests that came meanwhile go first
         finally:

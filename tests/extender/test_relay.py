@@ -239,3 +239,14 @@ async def test_held_pushes_are_answered_before_the_relay_stops():
             relay_mod.HOLD_S = held_for
         assert answer.status_code == 200
         assert answer.json()["accepted"] is True
+
+
+async def test_a_long_queue_of_held_pushes_is_applied_without_waiting(monkeypatch):
+    monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "MAX_HELD", 3)
+    async with running() as (app, url, _own):
+        app.state.ctx.state.settle_s = 60.0
+        app.state.ctx.push_turns._verb_at = time.monotonic() + 3600  # busy throughout
+        bodies = [orjson.dumps(report(f"q{i}", [gpu(0)], seq=1)) for i in range(3)]
+        answers = await asyncio.wait_for(asyncio.gather(*(post(url, b) for b in bodies)), 20)
+        assert [a.json()["accepted"] for a in answers] == [True] * 3
