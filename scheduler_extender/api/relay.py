@@ -110,6 +110,9 @@ class RelaySupervisor:
                 pass_fds=(self.listener.fileno(), theirs.fileno()),
                 start_new_session=True,  # a terminal's Ctrl-C stops the extender, which stops us
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)

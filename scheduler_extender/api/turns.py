@@ -79,8 +79,8 @@ class PushTurns:
 async def settle_loop(state: ClusterState, period_s: float) -> None:
     """Every ``period_s``, settle the pushes taken meanwhile and warm the recent decisions.
 
-    One decision is warmed per turn of the event loop, so the scheduler's next requests find
-    their answers ready instead of each deciding the changed rows themselves.
+    Warming yields to the event loop after each step (``ClusterState.warm``), so the scheduler's
+    next requests find their answers ready instead of each deciding the changed rows themselves.
     """
     while True:
         await asyncio.sleep(period_s)

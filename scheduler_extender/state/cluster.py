@@ -387,7 +387,6 @@ class ClusterState:
             return Decision(names, part.passed, part.reason, points, nameset)
         key = (nameset.raw, demand_key(demand), demand.group)
         memo = self._memo_for(key, nameset, demand, now, ctx, stamp)
-        self._sources[key] = (nameset, demand)
         self._remember_cycle(demand, basis, now, rows, memo, verb)
         points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
         return Decision(names, memo.passed, memo.reason, points, nameset)
@@ -415,6 +414,7 @@ class ClusterState:
                     at, self._decide_rows(rows[at], demand, now, ctx, None), version
                 )
         self._decisions[key] = memo
+        self._sources[key] = (nameset, demand)
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
             gone, _ = self._decisions.popitem(last=False)

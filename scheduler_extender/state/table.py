@@ -158,11 +158,6 @@ class NodeTable:
         return row
 
     @property
-    def writes(self) -> int:
-        """Row writes so far: unchanged means no row has changed since it was last read."""
-        return self._writes
-
-    @property
     def settled_writes(self) -> int:
         """Changes decisions can see: unchanged means no settled row has changed."""
         return self._seen_writes
