@@ -8,9 +8,11 @@ code that answers a push on the scheduler's port), and starts the relay again if
 Without settling, each push is answered at once, taking its turn after the scheduler's verbs.
 With settling (``--settle-ms``), decisions do not see a push before the next settle anyway, so
 while the scheduler is active relayed pushes are held for ``HOLD_S`` and applied together
-(``drain``), a few dozen per turn of the event loop: a push then costs the extender its own
-work and no event-loop round trip of its own (about a third less), and the agent gets its
-answer some milliseconds later. While the scheduler is quiet they are applied at once.
+(``drain``), in steps of about ``STEP_S`` (a few pushes) with the scheduler's requests that
+came meanwhile let through between steps: a push then costs the extender its own work and no
+event-loop round trip of its own (about a third less), a request waits for one step at most,
+and the agent gets its answer some milliseconds later. While the scheduler is quiet they are
+applied at once, ``DRAIN_TURN`` per turn.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import msgspec
 
 from scheduler_extender.api import ingest
 from scheduler_extender.api.context import AppContext
+from scheduler_extender.api.turns import STEP_S, give_way
 from scheduler_extender.relay import (
     Answer,
     FrameError,
@@ -49,7 +52,7 @@ HOLD_S = 0.01
 """How long relayed pushes are held to be applied together (settling on, scheduler active)."""
 
 DRAIN_TURN = 16
-"""Held pushes applied per turn of the event loop (under a millisecond of work)."""
+"""Held pushes applied per turn of the event loop at most (under a millisecond of work)."""
 
 MAX_HELD = 20_000
 """Held pushes past this are applied without waiting out ``HOLD_S``."""
@@ -182,9 +185,15 @@ class RelaySupervisor:
         self._draining = True
         try:
             while self._held:
+                # A step ends after DRAIN_TURN pushes, or after STEP_S while the scheduler is
+                # active, and the scheduler's requests that came meanwhile go first.
+                budget = STEP_S if self.ctx.push_turns.busy else float("inf")
+                step_ends = time.perf_counter() + budget
                 for _ in range(min(DRAIN_TURN, len(self._held))):
                     push, outbox = self._held.popleft()
                     await self._answer(push, outbox, take_turn=False)
-                await asyncio.sleep(0)  # the scheduler's requests that came meanwhile go first
+                    if time.perf_counter() >= step_ends:
+                        break
+                await give_way()
         finally:
             self._draining = False

@@ -23,9 +23,24 @@ log = logging.getLogger("scheduler_extender")
 BUSY_S = 0.1
 """How long after a verb the scheduler counts as active."""
 
+STEP_S = 0.0002
+"""While the scheduler is active, held pushes are applied in steps of about this long, and a
+request that arrives during one waits for that step only (``give_way``)."""
+
 BACKLOG = 8
 """While it is, a turn lets through one push, or an eighth of those waiting when more queue up
 (so that pushes arriving faster than one per turn cannot pile up without bound)."""
+
+
+async def give_way() -> None:
+    """Yield so that requests that arrived meanwhile run before the caller continues.
+
+    One ``asyncio.sleep(0)`` is not enough: the caller's next step is queued at once, and a
+    request read by the poll that follows queues its handler behind it, so the request would
+    wait for one more step of background work. Yielding twice puts the caller behind it.
+    """
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 class PushTurns:
@@ -87,6 +102,6 @@ async def settle_loop(state: ClusterState, period_s: float) -> None:
         try:
             if state.settle():
                 for _ in state.warm():
-                    await asyncio.sleep(0)
+                    await give_way()
         except Exception:  # never let a bad batch stop the loop; the verbs decide on their own
             log.exception("settling telemetry failed")

@@ -1,8 +1,9 @@
 """Telemetry pushes give way to the scheduler's verbs (api/turns.py)."""
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
-from scheduler_extender.api.turns import BACKLOG, PushTurns
+from scheduler_extender.api.turns import BACKLOG, PushTurns, give_way
 
 
 async def _turns_taken(turns: PushTurns, pushes: int, cancel: int | None = None) -> list[list[int]]:
@@ -78,3 +79,30 @@ def test_a_verb_that_arrives_while_pushes_wait_runs_before_most_of_them():
     order = asyncio.run(scenario())
     assert order.index("verb") <= 2
     assert [o for o in order if o != "verb"] == [f"push {i}" for i in range(6)]
+
+
+def test_background_work_that_gives_way_lets_a_request_that_came_meanwhile_go_first():
+    # A request read by the poll after a step of background work is queued behind the step's
+    # continuation; give_way puts the next step behind the request (one sleep(0) would not).
+    async def scenario(pause: Callable[[], Awaitable[None]]) -> list[str]:
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+
+        async def request() -> None:
+            order.append("request")
+
+        async def background() -> None:
+            for step in range(3):
+                order.append(f"step {step}")
+                if step == 0:  # as an I/O callback of the next poll would start it
+                    loop.call_soon(lambda: loop.create_task(request()))
+                await pause()
+
+        await background()
+        await asyncio.sleep(0)
+        return order
+
+    assert asyncio.run(scenario(give_way)) == ["step 0", "request", "step 1", "step 2"]
+    assert asyncio.run(scenario(lambda: asyncio.sleep(0))) == [
+        "step 0", "step 1", "request", "step 2",
+    ]  # fmt: skip

@@ -73,8 +73,9 @@ async def test_pushes_through_the_relay_land_in_the_extender():
 async def test_many_pushes_at_once_each_get_their_own_answer():
     async with running() as (_, url, own):
         bodies = [orjson.dumps(report(f"n{i}", [gpu(0)], seq=1)) for i in range(60)]
-        bodies += [orjson.dumps(report("n0", [gpu(0)], seq=1))]  # a repeat: ignored
         answers = await asyncio.gather(*(post(url, b) for b in bodies))
+        # A repeat, sent once the first is answered (sent together, either could come first).
+        answers.append(await post(url, orjson.dumps(report("n0", [gpu(0)], seq=1))))
         assert [a.json()["accepted"] for a in answers] == [True] * 60 + [False]
         nodes = (await own.get("/debug/nodes")).json()["nodes"]
         assert len(nodes) == 60
@@ -223,13 +224,23 @@ async def test_with_settling_relayed_pushes_are_held_briefly_and_all_answered():
         assert 'edgegpu_extender_request_duration_seconds_count{verb="telemetry"} 40.0' in metrics
 
 
+def hold_pushes(app: Any) -> None:
+    """Settling on and the scheduler active throughout: relayed pushes are held (``HOLD_S``)."""
+    app.state.ctx.state.settle_s = 60.0
+    app.state.ctx.push_turns._verb_at = time.monotonic() + 3600
+
+
+def bodies(prefix: str, count: int) -> list[bytes]:
+    """First pushes of ``count`` nodes."""
+    return [orjson.dumps(report(f"{prefix}{i}", [gpu(0)], seq=1)) for i in range(count)]
+
+
 async def test_held_pushes_are_answered_before_the_relay_stops():
     async with running() as (app, url, _own):
-        app.state.ctx.state.settle_s = 60.0
+        hold_pushes(app)
         supervisor = app.state.relay
         relay_mod.HOLD_S, held_for = 60.0, relay_mod.HOLD_S  # held until the extender stops
         try:
-            app.state.ctx.push_turns._verb_at = time.monotonic() + 3600  # busy throughout
             pending = asyncio.create_task(post(url, orjson.dumps(report("late", [gpu(0)]))))
             await wait_for(lambda: supervisor.held == 1)
             stopping = asyncio.create_task(supervisor.stop())
@@ -245,8 +256,32 @@ async def test_a_long_queue_of_held_pushes_is_applied_without_waiting(monkeypatc
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
     monkeypatch.setattr(relay_mod, "MAX_HELD", 3)
     async with running() as (app, url, _own):
-        app.state.ctx.state.settle_s = 60.0
-        app.state.ctx.push_turns._verb_at = time.monotonic() + 3600  # busy throughout
-        bodies = [orjson.dumps(report(f"q{i}", [gpu(0)], seq=1)) for i in range(3)]
-        answers = await asyncio.wait_for(asyncio.gather(*(post(url, b) for b in bodies)), 20)
+        hold_pushes(app)
+        pushes = (post(url, b) for b in bodies("q", 3))
+        answers = await asyncio.wait_for(asyncio.gather(*pushes), 20)
         assert [a.json()["accepted"] for a in answers] == [True] * 3
+
+
+async def test_while_the_scheduler_is_active_held_pushes_go_in_short_steps(monkeypatch):
+    # A step of the drain ends once STEP_S has passed (here at once: one push a step), and the
+    # loop turns between steps, so a scheduler request waits for at most one step.
+    monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "STEP_S", 0.0)
+    async with running() as (app, url, _own):
+        hold_pushes(app)
+        supervisor = app.state.relay
+        pending = [asyncio.create_task(post(url, b)) for b in bodies("s", 4)]
+        await wait_for(lambda: supervisor.held == 4)
+        seen: list[int] = []
+
+        async def watch() -> None:
+            while supervisor.held:
+                seen.append(supervisor.held)
+                await asyncio.sleep(0)
+
+        watching = asyncio.create_task(watch())
+        await supervisor.drain()
+        await watching
+        answers = await asyncio.gather(*pending)
+        assert [a.json()["accepted"] for a in answers] == [True] * 4
+        assert sorted(set(seen), reverse=True) == [3, 2, 1]  # the first step ran before the watch
