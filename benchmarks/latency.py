@@ -28,8 +28,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -218,6 +219,44 @@ _SAMPLES = 4
 """Samples per node that a pusher cycles through."""
 
 
+_TICK_S = 0.002
+"""How often a paced pusher sends the pushes that have come due."""
+
+
+class _Link(asyncio.Protocol):
+    """One keep-alive connection of a pusher: one push in flight, its answer read by length."""
+
+    def __init__(self, answered: Callable[[_Link], None], lost: Callable[[], None]) -> None:
+        self.answered = answered
+        self.lost = lost
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.need = -1  # bytes of the answer being read (head and body); -1 until its head is in
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        while True:
+            if self.need < 0:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    break
+                head = buf[:end].lower()
+                at = head.find(b"content-length:")
+                length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+                self.need = end + 4 + length
+            if len(buf) < self.need:
+                break
+            buf, self.need = buf[self.need :], -1
+            self.answered(self)
+        self.buf = buf
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost()
+
+
 def _pusher(
     port: int, nodes: range, rate: float, seconds: float, conns: int, queue: Any, stop: Any,
     ready: Any,
@@ -225,8 +264,15 @@ def _pusher(
     """One pusher process: `conns` keep-alive connections, raw HTTP, latest seq per node.
 
     Each node's successive pushes cycle through a few samples whose readings differ a little,
-    so that every push changes the node's row as real telemetry does.
+    so that every push changes the node's row as real telemetry does. At a set rate, a timer
+    sends what has come due every ``_TICK_S`` on the connections that are free; without one,
+    each answer sends the next push. The pushers stand in for agents on other machines, so
+    they are kept lean (uvloop, protocol callbacks, no per-push timers): about half the CPU a
+    push of a streams-based client costs, left to the servers under test.
     """
+    import uvloop
+
+    prefix = b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
     templates = []
     for i in nodes:
         samples = []
@@ -235,48 +281,73 @@ def _pusher(
             head, tail = body.split(b"999999999")
             samples.append((head, tail))
         templates.append(samples)
+    free: list[_Link] = []
+    done = sent = lost_links = 0
+    due = 0.0  # pushes come due and not yet sent
+    ending = False
+    seq = 2
+
+    def send(link: _Link) -> None:
+        nonlocal seq, sent
+        k = sent
+        sent += 1
+        seq += 1
+        head, tail = templates[k % len(templates)][(k // len(templates)) % _SAMPLES]
+        body = head + str(seq).encode() + tail
+        assert link.transport is not None
+        link.transport.write(prefix + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    def answered(link: _Link) -> None:
+        nonlocal done, due
+        done += 1
+        if ending:
+            free.append(link)
+        elif rate <= 0:
+            send(link)
+        elif due >= 1:
+            due -= 1
+            send(link)
+        else:
+            free.append(link)
+
+    def lost() -> None:
+        nonlocal lost_links
+        lost_links += 1
 
     async def run() -> int:
-        done = 0
-        seq = 2
-        interval = conns / rate if rate > 0 else 0.0
-        links = [await asyncio.open_connection("127.0.0.1", port) for _ in range(conns)]
+        nonlocal due, ending
+        loop = asyncio.get_running_loop()
+        links = []
+        for _ in range(conns):
+            _, link = await loop.create_connection(lambda: _Link(answered, lost), "127.0.0.1", port)
+            links.append(link)
         ready.put(1)  # samples built and connected: the clock starts now
-        stop_at = time.perf_counter() + seconds
-
-        async def worker(w: int) -> None:
-            nonlocal done, seq
-            reader, writer = links[w]
-            k = w
-            next_at = time.perf_counter()
-            while time.perf_counter() < stop_at and not stop.is_set():
-                head, tail = templates[k % len(templates)][(k // len(templates)) % _SAMPLES]
-                k += conns
-                seq += 1
-                body = head + str(seq).encode() + tail
-                writer.write(b"POST /v1/telemetry HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
-                await writer.drain()
-                length = 0
-                while True:
-                    line = await reader.readline()
-                    if line in (b"\r\n", b""):
-                        break
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
-                done += 1
-                if interval:
-                    next_at += interval
-                    delay = next_at - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-            writer.close()
-
-        await asyncio.gather(*(worker(w) for w in range(conns)))
+        last = time.perf_counter()
+        stop_at = last + seconds
+        if rate <= 0:
+            for link in links:
+                send(link)
+        else:
+            free.extend(links)
+        while last < stop_at and not stop.is_set() and not lost_links:
+            await asyncio.sleep(_TICK_S)
+            now = time.perf_counter()
+            if rate > 0:
+                due = min(due + (now - last) * rate, float(conns))
+                while due >= 1 and free:
+                    due -= 1
+                    send(free.pop())
+            last = now
+        ending = True  # answers no longer send more
+        wait_until = time.perf_counter() + 5.0
+        while len(free) < conns and time.perf_counter() < wait_until and not lost_links:
+            await asyncio.sleep(0.01)  # the answers of pushes in flight
+        for link in links:
+            assert link.transport is not None
+            link.transport.close()
         return done
 
-    queue.put(asyncio.run(run()))
+    queue.put(uvloop.run(run()))
 
 
 def ingest(
