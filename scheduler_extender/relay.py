@@ -7,10 +7,8 @@ scheduler. With ``--ingest-port``, the extender opens that port itself and hands
 process, which serves ``POST /v1/telemetry`` at a lower CPU priority and passes each push (the
 peer's address, the bearer token, the body) over a Unix socket to the scheduler's process. That
 process authenticates and stores it exactly as a push on its own port, and the answer comes
-back the same way. Pushes that arrive within a millisecond (``FRAME_DELAY_S``) travel in one
-frame, and their answers come back in frames of a few milliseconds too (``ANSWER_DELAY_S`` in
-``api.relay``): each frame wakes the other process, and on two cores a wake-up costs the
-scheduler's client its turn on a core.
+back the same way. Pushes that arrive in the same turn of the event loop travel in one frame,
+and so do their answers.
 
 Nothing is decided here, so nothing here can disagree with the extender. The listening socket
 stays open in the extender while a relay is restarted, so agents see a slower answer, never
@@ -74,10 +72,6 @@ decode_answers = msgspec.msgpack.Decoder(list[Answer]).decode
 
 T = TypeVar("T", Push, Answer)
 
-FRAME_DELAY_S = 0.001
-"""Pushes go to the extender in a frame at most every this long: the extender's process is
-woken a thousand times a second at most, whatever the rate of pushes."""
-
 
 class FrameError(Exception):
     """The other process sent something that is not a frame of ours."""
@@ -92,32 +86,23 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
 
 
 class Outbox(Generic[T]):
-    """Collects items and writes them as one frame per turn of the event loop.
+    """Collects items and writes them as one frame per turn of the event loop."""
 
-    With ``delay_s`` set, one frame per ``delay_s`` instead: fewer, larger frames, and fewer
-    wake-ups of the reader.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter, delay_s: float = 0.0) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._delay_s = delay_s
         self._items: list[T] = []
         self._bytes = 0
         self._scheduled = False
 
     def put(self, item: T, size: int) -> None:
-        """Send ``item`` (about ``size`` bytes) with the others of this turn (or delay)."""
+        """Send ``item`` (about ``size`` bytes) with the others of this turn."""
         self._items.append(item)
         self._bytes += size
         if self._bytes >= FLUSH_BYTES:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            loop = asyncio.get_running_loop()
-            if self._delay_s:
-                loop.call_later(self._delay_s, self.flush)
-            else:
-                loop.call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         """Write what is waiting now."""
@@ -155,7 +140,7 @@ class ExtenderLink:
     async def connect(self) -> None:
         """Start talking to the extender over the inherited socket."""
         reader, writer = await asyncio.open_unix_connection(sock=self._sock)
-        self._outbox = Outbox(writer, FRAME_DELAY_S)
+        self._outbox = Outbox(writer)
         self._reading = asyncio.create_task(self._read_answers(reader))
 
     async def forward(

@@ -54,10 +54,6 @@ HOLD_S = 0.01
 DRAIN_TURN = 16
 """Held pushes applied per turn of the event loop at most (under a millisecond of work)."""
 
-ANSWER_DELAY_S = 0.002
-"""Answers go back to the relay in a frame every this long (an agent does not mind; the relay
-is woken a few hundred times a second instead of after every few pushes)."""
-
 MAX_HELD = 20_000
 """Held pushes past this are applied without waiting out ``HOLD_S``."""
 
@@ -80,7 +76,6 @@ class RelaySupervisor:
         self._supervising: asyncio.Task[None] | None = None
         self._held: deque[tuple[Push, Outbox[Answer]]] = deque()
         self._draining = False
-        self._outbox: Outbox[Answer] | None = None
 
     async def start(self) -> None:
         """Start the relay, and keep it running until ``stop``."""
@@ -93,8 +88,6 @@ class RelaySupervisor:
         if self._supervising is not None:
             self._supervising.cancel()
         await self.drain()  # answer what is held while the relay can still pass answers on
-        if self._outbox is not None:
-            self._outbox.flush()
         proc = self.process
         if proc is not None and proc.returncode is None:
             proc.terminate()
@@ -149,8 +142,7 @@ class RelaySupervisor:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        outbox: Outbox[Answer] = Outbox(writer, ANSWER_DELAY_S)
-        self._outbox = outbox
+        outbox: Outbox[Answer] = Outbox(writer)
         try:
             while True:
                 pushes = decode_pushes(await read_frame(reader))

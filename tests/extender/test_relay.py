@@ -190,23 +190,6 @@ async def test_frames_carry_a_turns_items_together_and_refuse_nonsense():
     reader_side.close()
 
 
-async def test_a_delayed_outbox_sends_what_came_within_its_delay_as_one_frame():
-    ours, theirs = socket.socketpair()
-    reader, reader_side = await asyncio.open_unix_connection(sock=ours)
-    _, writer = await asyncio.open_unix_connection(sock=theirs)
-    outbox: wire.Outbox[wire.Answer] = wire.Outbox(writer, delay_s=0.05)
-    outbox.put(wire.Answer(1, 200, b"{}"), 2)
-    for _ in range(3):
-        await asyncio.sleep(0)  # turns pass: nothing is written yet
-    outbox.put(wire.Answer(2, 422, b"{}"), 2)
-    started = time.monotonic()
-    answers = wire.decode_answers(await asyncio.wait_for(wire.read_frame(reader), 5))
-    assert [a.id for a in answers] == [1, 2]
-    assert time.monotonic() - started > 0.02  # the frame waited out (most of) the delay
-    writer.close()
-    reader_side.close()
-
-
 def test_an_ingest_port_in_use_is_a_start_up_error(capsys: pytest.CaptureFixture[str]):
     taken = listen("127.0.0.1", 0)
     try:
