@@ -23,13 +23,13 @@ log = logging.getLogger("scheduler_extender")
 BUSY_S = 0.1
 """How long after a verb the scheduler counts as active."""
 
-STEP_S = 0.0002
-"""While the scheduler is active, held pushes are applied in steps of about this long, and a
-request that arrives during one waits for that step only (``give_way``)."""
-
 BACKLOG = 8
 """While it is, a turn lets through one push, or an eighth of those waiting when more queue up
 (so that pushes arriving faster than one per turn cannot pile up without bound)."""
+
+STEP_S = 0.0002
+"""While the scheduler is active, held pushes are applied in steps of about this long, and a
+request that arrives during one waits for that step only (``give_way``)."""
 
 
 async def give_way() -> None:
