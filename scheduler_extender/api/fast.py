@@ -79,7 +79,7 @@ class FastRoutes:
         try:
             if handler is None:
                 push = await read_push(scope, receive, ctx.settings.max_telemetry_bytes)
-                status, out = await ingest.answer(ctx, *push)
+                status, out = await ingest.push(ctx, *push)
             else:
                 ctx.push_turns.verb()
                 limit = ctx.settings.max_request_bytes

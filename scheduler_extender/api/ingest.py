@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import logging
 from typing import Any
 
 import orjson
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
-from scheduler_extender.serving import internal_error
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 
 _MAX_PROBLEMS = 20
-
-log = logging.getLogger("scheduler_extender")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,18 +93,3 @@ async def push(
     if result.reason:
         payload["reason"] = result.reason
     return 200, orjson.dumps(payload)
-
-
-async def answer(
-    ctx: AppContext,
-    body: bytes | None,
-    client: str | None,
-    token: str | None,
-    take_turn: bool = True,
-) -> tuple[int, bytes]:
-    """``push``, with an unexpected error logged and answered 500 rather than raised."""
-    try:
-        return await push(ctx, body, client, token, take_turn)
-    except Exception as exc:
-        log.exception("internal error on a telemetry push")
-        return 500, internal_error(exc)

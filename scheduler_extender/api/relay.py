@@ -2,7 +2,7 @@
 
 ``listen`` opens the relay's port in the extender itself (so a port in use is a start-up error,
 and the port stays open while a relay restarts). ``RelaySupervisor`` starts the relay process
-on that socket, takes its frames of pushes, answers each one with ``ingest.answer`` (the very
+on that socket, takes its frames of pushes, answers each one with ``ingest.push`` (the very
 code that answers a push on the scheduler's port), and starts the relay again if it exits.
 
 Without settling, each push is answered at once, taking its turn after the scheduler's verbs.
@@ -39,6 +39,7 @@ from scheduler_extender.relay import (
     decode_pushes,
     read_frame,
 )
+from scheduler_extender.serving import internal_error
 
 log = logging.getLogger("scheduler_extender")
 
@@ -160,7 +161,11 @@ class RelaySupervisor:
 
     async def _answer(self, push: Push, outbox: Outbox[Answer], take_turn: bool = True) -> None:
         start = time.perf_counter()
-        status, out = await ingest.answer(self.ctx, push.body, push.client, push.token, take_turn)
+        try:
+            status, out = await ingest.push(self.ctx, push.body, push.client, push.token, take_turn)
+        except Exception as exc:  # as on the scheduler's port: a 500, never a dropped answer
+            log.exception("internal error on a relayed telemetry push")
+            status, out = 500, internal_error(exc)
         outbox.put(Answer(push.id, status, out), len(out))
         self.ctx.metrics.observe_latency("telemetry", time.perf_counter() - start)
 
