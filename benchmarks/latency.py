@@ -438,8 +438,7 @@ def agent_cost(port: int, seconds: float) -> dict[str, float]:
         c0, t0 = proc_cpu_s(proc.pid), time.monotonic()
         time.sleep(seconds)
         c1, t1 = proc_cpu_s(proc.pid), time.monotonic()
-        rss = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                   if line.startswith("VmRSS:"))  # fmt: skip
+        rss = rss_mib(proc.pid)
         return {"agent_rss_mib": round(rss, 1), "agent_cpu_pct": round((c1 - c0) / (t1 - t0) * 100, 3),
                 "agent_cpu_ms_per_sample": round((c1 - c0) / (t1 - t0) * 1000, 2)}  # fmt: skip
     finally:
