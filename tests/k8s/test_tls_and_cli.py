@@ -70,6 +70,27 @@ def test_the_extender_serves_https_that_a_scheduler_with_the_ca_accepts(cert):
         proc.communicate(timeout=10)
 
 
+def test_the_relay_port_serves_the_same_certificate(cert):
+    crt, key = cert
+    ingest = free_port()
+    proc, _ = start(
+        "--tls-cert-file", str(crt), "--tls-key-file", str(key), "--ingest-port", str(ingest)
+    )
+    try:
+        ctx = ssl.create_default_context(cafile=str(crt))
+        wait_up(f"https://127.0.0.1:{ingest}/healthz", ctx, proc)
+        with httpx.Client(verify=ctx) as agent:  # one connection, several pushes
+            for _ in range(3):
+                refused = agent.post(f"https://127.0.0.1:{ingest}/v1/telemetry", content=b"{}")
+                assert refused.status_code == 422  # reached the extender, which checked it
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"https://127.0.0.1:{ingest}/healthz", verify=ssl.create_default_context())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert b"Traceback" not in err
+
+
 def test_the_extender_runs_against_a_cluster_from_a_kubeconfig(kube, kubeconfig):
     kube.add_node("n1", {"edgegpu.io/rack": "rack-z"})
     proc, port = start("--kubeconfig", str(kubeconfig), "--namespace", "edgegpu-system")
