@@ -532,6 +532,8 @@ class ClusterState:
 
     def performance_gpus(self, node: str) -> list[int]:
         """GPU indices of a node that hold training or realtime pods (kept at full clocks)."""
+        if not self.allocations.holds_gpus(node):
+            return []
         return sorted(
             {
                 i

@@ -20,7 +20,7 @@ class NodeRecord:
     """Monotonic time of the last accepted report."""
     received_wall: float
     thermal: dict[str, thermal.ThermalState] = field(default_factory=dict)
-    """Hysteresis state per GPU uuid."""
+    """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +62,16 @@ class TelemetryStore:
             if last.boot_id == report.agent.boot_id and report.agent.seq <= last.seq:
                 return PutResult(False, f"seq {report.agent.seq} is not newer than {last.seq}")
         states = previous.thermal if previous is not None else {}
-        new_states = {
-            gpu.uuid: thermal.step(states.get(gpu.uuid, thermal.COOL), gpu.temperature_c, now, args)
-            for gpu in report.gpus
-        }
+        new_states: dict[str, thermal.ThermalState] = {}
+        max_c = args.max_temp_c
+        for gpu in report.gpus:
+            state = states.get(gpu.uuid, thermal.COOL)
+            temp = gpu.temperature_c
+            if state is thermal.COOL and (temp is None or temp < max_c):
+                continue  # never hot and not hot now: the step would keep it COOL
+            state = thermal.step(state, temp, now, args)
+            if state is not thermal.COOL:
+                new_states[gpu.uuid] = state
         self._records[report.node] = NodeRecord(report, now, wall, new_states)
         return PutResult(True)
 

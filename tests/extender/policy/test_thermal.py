@@ -2,9 +2,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from scheduler_extender.policy import thermal
 from scheduler_extender.policy.thermal import COOL, ThermalArgs, ThermalState
+from scheduler_extender.telemetry.decode import report_from
+from scheduler_extender.telemetry.store import TelemetryStore
+from tests.builders import gpu, report
 
 ARGS = ThermalArgs.model_validate({"maxTemp": 85, "coolDownPeriod": "5m"})
 
@@ -90,3 +94,28 @@ def test_migration_is_needed_only_after_being_hot_longer_than_migrate_after():
     assert not thermal.needs_migration(hot, 120.0, ARGS)
     assert thermal.needs_migration(hot, 120.1, ARGS)
     assert not thermal.needs_migration(ThermalState(below_since=0.0), 1000.0, ARGS)
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(st.none(), st.just(math.nan), st.floats(40.0, 100.0)), min_size=3, max_size=3
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_the_store_keeps_the_same_states_as_stepping_every_gpu(readings: list[list[float | None]]):
+    # The store skips the step for a GPU that is COOL and below maxTemp and keeps no state for
+    # COOL GPUs; what it keeps must be what stepping every GPU from COOL would give.
+    store = TelemetryStore()
+    stepped = {f"GPU-{i}": COOL for i in range(3)}
+    for seq, temps in enumerate(readings, start=1):
+        gpus = [gpu(i, temperature_c=t, uuid=f"GPU-{i}") for i, t in enumerate(temps)]
+        now = float(seq * 10)
+        assert store.put(report_from(report("n", gpus, seq=seq)), now, now, ARGS).accepted
+        for i, t in enumerate(temps):
+            stepped[f"GPU-{i}"] = thermal.step(stepped[f"GPU-{i}"], t, now, ARGS)
+        record = store.get("n")
+        assert record is not None
+        assert {u: record.thermal.get(u, COOL) for u in stepped} == stepped
