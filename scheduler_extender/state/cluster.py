@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -127,6 +127,32 @@ class _Cycle:
         return self._position[rows]
 
 
+@dataclass(slots=True)
+class _Warming:
+    """A settle's rows while ``warm`` decides the kept decisions again.
+
+    Until the warm has reached a kept decision, a request of it is answered as before the
+    settle for the rows whose only change is that settle (``waits``): the warm decides them a
+    few milliseconds later, in its own steps, rather than the scheduler's request. A row
+    written again since (a bind, labels, a release) is decided by the request as always.
+    """
+
+    before: npt.NDArray[np.int64]
+    """By row: its settled version before the settle (-1: not in it)."""
+    after: npt.NDArray[np.int64]
+    """By row: its settled version right after the settle (-1: not in it)."""
+    warmed: set[_MemoKey] = field(default_factory=set)
+
+    def waits(
+        self, rows: npt.NDArray[np.int64], kept: npt.NDArray[np.int64], now: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """Which rows of a kept decision (made at ``kept``, settled at ``now``) the warm decides."""
+        if rows.size and int(rows.max()) >= self.before.shape[0]:
+            return np.zeros(rows.shape[0], dtype=np.bool_)  # rows newer than the settle
+        waits: npt.NDArray[np.bool_] = (self.before[rows] == kept) & (self.after[rows] == now)
+        return waits
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Filter and prioritize answers for one request, aligned with ``names``."""
@@ -151,6 +177,8 @@ class ClusterState:
         decided on in batches (``settle``), each at most ``2 * settle_s`` after it arrived."""
         self._settled_at = -float("inf")
         self._settled_rows = _NO_ROWS
+        self._settle_versions: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+        self._warming: _Warming | None = None
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
@@ -202,8 +230,17 @@ class ClusterState:
         seen at once: a bind is never decided on late.
         """
         self._settled_at = self.clock.monotonic()
-        self._settled_rows = self.table.settle()
-        return int(self._settled_rows.size)
+        settled = self.table.column("settled")
+        before = settled.copy()
+        changed = self._settled_rows = self.table.settle()
+        self._warming = None  # a warm still running is for an older settle: stop deferring
+        self._settle_versions = None
+        if changed.size:
+            by_row_before = np.full(settled.shape[0], -1, dtype=np.int64)
+            by_row_after = by_row_before.copy()
+            by_row_before[changed], by_row_after[changed] = before[changed], settled[changed]
+            self._settle_versions = (by_row_before, by_row_after)
+        return int(changed.size)
 
     def warm(self) -> Iterator[None]:
         """Decide the kept decisions again after ``settle``, in steps of under a millisecond.
@@ -214,24 +251,32 @@ class ClusterState:
         comes first simply does its decision's share of the work itself.
         """
         changed, self._settled_rows = self._settled_rows, _NO_ROWS
-        parts = [changed[i : i + WARM_ROWS] for i in range(0, changed.size, WARM_ROWS)]
-        for part in parts:
-            self._verdicts.facts.take(self.table, part, self.policy, self.clock.monotonic())
-            yield
-        for key in reversed(list(self._decisions)):
-            source = self._sources.get(key)
-            if source is None:
-                continue
-            nameset, demand = source
-            if nameset.index_version != self.table.index_version:
-                continue
+        versions, self._settle_versions = self._settle_versions, None
+        warming = self._warming = _Warming(*versions) if versions is not None else None
+        try:
+            parts = [changed[i : i + WARM_ROWS] for i in range(0, changed.size, WARM_ROWS)]
             for part in parts:
-                now = self.clock.monotonic()
-                self._verdicts.lookup(self.table, part, demand, self.policy, now, self.mix)
+                self._verdicts.facts.take(self.table, part, self.policy, self.clock.monotonic())
                 yield
-            ctx, _, stamp = self._grounds(nameset, demand)
-            self._memo_for(key, nameset, demand, self.clock.monotonic(), ctx, stamp)
-            yield
+            for key in reversed(list(self._decisions)):
+                source = self._sources.get(key)
+                if source is None:
+                    continue
+                nameset, demand = source
+                if nameset.index_version != self.table.index_version:
+                    continue
+                for part in parts:
+                    now = self.clock.monotonic()
+                    self._verdicts.lookup(self.table, part, demand, self.policy, now, self.mix)
+                    yield
+                if warming is not None:
+                    warming.warmed.add(key)
+                ctx, _, stamp = self._grounds(nameset, demand)
+                self._memo_for(key, nameset, demand, self.clock.monotonic(), ctx, stamp)
+                yield
+        finally:
+            if self._warming is warming:
+                self._warming = None
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
@@ -350,7 +395,10 @@ class ClusterState:
         freshness ran out, are decided again.
 
         With ``settle_s`` set, "changed" means settled (``settle``): telemetry taken since the
-        last settle waits for the next one, binds and other writes count at once.
+        last settle waits for the next one, binds and other writes count at once. While
+        ``warm`` runs, a kept decision it has not reached yet still answers as before the
+        settle for the rows whose only change is that settle (``_Warming``): the warm decides
+        them moments later, so the scheduler's requests never do.
 
         One exception, as kube-scheduler's own cycle works from one snapshot: a ``prioritize``
         that follows its pod's ``filter`` (no other pod's request between, within ``CYCLE_S``)
@@ -407,7 +455,15 @@ class ClusterState:
         if memo is None or memo.stamp != stamp:
             memo = self._decide_rows(rows, demand, now, ctx, None).kept(version, stamp)
         else:
-            dirty = (version != memo.version) | (now >= memo.deadline)
+            changed = version != memo.version
+            warming = self._warming
+            if warming is not None and key not in warming.warmed and changed.any():
+                waits = warming.waits(rows, memo.version, version)
+                if waits.any():
+                    # Left to the warm: they keep the version they were decided at.
+                    changed &= ~waits
+                    version = np.where(waits, memo.version, version)
+            dirty = changed | (now >= memo.deadline)
             if dirty.any():
                 at = np.flatnonzero(dirty)
                 memo = memo.patched(

@@ -128,6 +128,52 @@ def test_warm_leaves_nothing_for_the_next_requests(clock):
     assert state._verdicts.recomputed_rows == before
 
 
+def test_while_the_warm_runs_requests_leave_the_settled_rows_to_it(clock):
+    _, state, _rng = fleet(clock, nodes=30)
+    state.settle_s = 1.0
+    names = [f"n{i}" for i in range(30)]
+    raw = orjson.dumps(names)
+    small, big = demand_of(pod("a", blocks=1)), demand_of(pod("b", blocks=4, qos="training"))
+    for d in (small, big):
+        state.decide(names, d, raw_names=raw)
+    before = {id(d): state.decide(names, d, raw_names=raw).reason.copy() for d in (small, big)}
+    for n in range(10):  # every GPU of n0..n9 hot: the settle changes their verdicts
+        state.ingest(report_from(report(f"n{n}", [gpu(0, temperature_c=HOT)])))
+    assert state.settle() == 10
+    warm = state.warm()
+    next(warm)  # the facts of the settled rows; no kept decision warmed yet
+    recomputed = state._verdicts.recomputed_rows
+    for d in (small, big):  # answered as before the settle, nothing decided by the request
+        assert (state.decide(names, d, raw_names=raw).reason == before[id(d)]).all()
+    assert state._verdicts.recomputed_rows == recomputed
+    # A node written again meanwhile (here: its agent's labels) is the request's to decide.
+    state.set_node_labels("n3", {"edgegpu.io/rack": "r9"})
+    assert state.decide(names, small, raw_names=raw).reason[3] == Reason.GPU_HOT
+    for _ in warm:
+        pass
+    for d in (small, big):
+        agree(state, names, d, raw)
+        assert (state.decide(names, d, raw_names=raw).reason[:10] == Reason.GPU_HOT).all()
+
+
+def test_a_settle_during_a_warm_ends_its_deferral(clock):
+    _, state, _rng = fleet(clock, nodes=30)
+    state.settle_s = 1.0
+    names = [f"n{i}" for i in range(30)]
+    raw = orjson.dumps(names)
+    small = demand_of(pod("a", blocks=1))
+    state.decide(names, small, raw_names=raw)
+    state.ingest(report_from(report("n1", [gpu(0, temperature_c=HOT)])))
+    state.settle()
+    warm = state.warm()
+    next(warm)
+    state.settle()  # e.g. a decision that found the background late
+    agree(state, names, small, raw)
+    for _ in warm:  # the old warm runs out harmlessly
+        pass
+    agree(state, names, small, raw)
+
+
 async def test_the_app_settles_pushes_in_the_background():
     app = create_app(ExtenderSettings(settle_ms=20))
     import httpx
