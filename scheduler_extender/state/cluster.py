@@ -142,11 +142,26 @@ class _Warming:
     written again since (a bind, labels, a release) is decided by the request as always.
     """
 
+    rows: npt.NDArray[np.int64]
+    """The rows the settle changed."""
     before: npt.NDArray[np.int64]
     """By row: its settled version before the settle (-1: not in it)."""
     after: npt.NDArray[np.int64]
     """By row: its settled version right after the settle (-1: not in it)."""
     warmed: set[_MemoKey] = field(default_factory=set)
+
+    @classmethod
+    def of(
+        cls,
+        rows: npt.NDArray[np.int64],
+        before: npt.NDArray[np.int64],
+        settled: npt.NDArray[np.int64],
+    ) -> _Warming:
+        """The settle of ``rows`` (settled at ``before`` until then) into the ``settled`` column."""
+        by_row_before = np.full(settled.shape[0], -1, dtype=np.int64)
+        by_row_after = by_row_before.copy()
+        by_row_before[rows], by_row_after[rows] = before, settled[rows]
+        return cls(rows, by_row_before, by_row_after)
 
     def waits(
         self, rows: npt.NDArray[np.int64], kept: npt.NDArray[np.int64], now: npt.NDArray[np.int64]
@@ -181,9 +196,10 @@ class ClusterState:
         """0: a decision sees every push taken before it. Otherwise telemetry writes are
         decided on in batches (``settle``), each at most ``2 * settle_s`` after it arrived."""
         self._settled_at = -float("inf")
-        self._settled_rows = _NO_ROWS
-        self._settle_versions: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+        self._to_warm: _Warming | None = None
+        """The last settle, until ``warm`` takes it."""
         self._warming: _Warming | None = None
+        """The settle that ``warm`` is deciding the kept decisions of, while it does."""
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
@@ -235,16 +251,11 @@ class ClusterState:
         seen at once: a bind is never decided on late.
         """
         self._settled_at = self.clock.monotonic()
-        settled = self.table.column("settled")
-        before = settled.copy()
-        changed = self._settled_rows = self.table.settle()
+        changed, before = self.table.settle()
         self._warming = None  # a warm still running is for an older settle: stop deferring
-        self._settle_versions = None
-        if changed.size:
-            by_row_before = np.full(settled.shape[0], -1, dtype=np.int64)
-            by_row_after = by_row_before.copy()
-            by_row_before[changed], by_row_after[changed] = before[changed], settled[changed]
-            self._settle_versions = (by_row_before, by_row_after)
+        self._to_warm = (
+            _Warming.of(changed, before, self.table.column("settled")) if changed.size else None
+        )
         return int(changed.size)
 
     def warm(self) -> Iterator[None]:
@@ -256,9 +267,9 @@ class ClusterState:
         steps; until the warm has reached a decision, a request of it is answered as before the
         settle for the settled rows (``_Warming``).
         """
-        changed, self._settled_rows = self._settled_rows, _NO_ROWS
-        versions, self._settle_versions = self._settle_versions, None
-        warming = self._warming = _Warming(*versions) if versions is not None else None
+        warming, self._to_warm = self._to_warm, None
+        self._warming = warming
+        changed = warming.rows if warming is not None else _NO_ROWS
         try:
             for at in range(0, changed.size, WARM_FACT_ROWS):
                 part = changed[at : at + WARM_FACT_ROWS]

@@ -180,14 +180,18 @@ class NodeTable:
         finally:
             self.deferring = was
 
-    def settle(self) -> npt.NDArray[np.int64]:
-        """Let decisions see every deferred write; returns the rows that had one."""
+    def settle(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Let decisions see every deferred write.
+
+        Returns the rows that had one, and their settled versions before.
+        """
         version, settled = self._cols["version"], self._cols["settled"]
         changed = np.flatnonzero(version != settled)
+        before = settled[changed]
         if changed.size:
             settled[:] = version
             self._seen_writes += 1
-        return changed
+        return changed, before
 
     def _ensure_gpus(self, count: int) -> None:
         if count > self._gpus:
