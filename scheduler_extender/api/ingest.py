@@ -15,7 +15,8 @@ import orjson
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
-from scheduler_extender.telemetry.decode import ReportError, decode_report
+from scheduler_extender.telemetry.decode import ReportError, TelemetryReport, decode_report
+from scheduler_extender.telemetry.store import PutResult
 
 _MAX_PROBLEMS = 20
 
@@ -35,17 +36,12 @@ def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes]:
     return status, orjson.dumps({"error": message, **extra})
 
 
-async def push(
-    ctx: AppContext,
-    body: bytes | None,
-    client: str | None,
-    token: str | None,
-    take_turn: bool = True,
-) -> tuple[int, bytes]:
-    """One push → (status, JSON body). ``body`` None means it was over the size cap.
+async def admit(
+    ctx: AppContext, body: bytes | None, client: str | None, token: str | None
+) -> TelemetryReport | tuple[int, bytes]:
+    """Authenticate and decode one push: its report, or the (status, JSON body) refusing it.
 
-    ``take_turn``: wait for a turn after the scheduler's verbs (``PushTurns``) before storing;
-    a caller that yields to them by itself says False.
+    ``body`` None means it was over the size cap.
     """
     metrics = ctx.metrics.telemetry
     identity: Identity | None = None
@@ -81,15 +77,34 @@ async def push(
         except AuthError as exc:
             metrics.labels("forbidden").inc()
             return _error(exc.status, str(exc))
-    if take_turn:
-        await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
-    result = ctx.state.ingest(report)
+    return report
+
+
+_ACCEPTED_NO_PERFORMANCE = orjson.dumps({"accepted": True, "performance_gpus": []})
+
+
+def answer(ctx: AppContext, report: TelemetryReport, result: PutResult) -> tuple[int, bytes]:
+    """The (status, JSON body) for a report the state took (``ClusterState.ingest``)."""
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
-    payload: dict[str, Any] = {
-        "accepted": result.accepted,
-        # GPUs holding high-QoS pods: the agent keeps them out of power saving.
-        "performance_gpus": ctx.state.performance_gpus(report.node),
-    }
+    # GPUs holding high-QoS pods: the agent keeps them out of power saving.
+    performance = ctx.state.performance_gpus(report.node)
+    if result.accepted and not performance and not result.reason:
+        return 200, _ACCEPTED_NO_PERFORMANCE  # the usual answer, kept ready
+    payload: dict[str, Any] = {"accepted": result.accepted, "performance_gpus": performance}
     if result.reason:
         payload["reason"] = result.reason
     return 200, orjson.dumps(payload)
+
+
+async def push(
+    ctx: AppContext,
+    body: bytes | None,
+    client: str | None,
+    token: str | None,
+) -> tuple[int, bytes]:
+    """One push → (status, JSON body), stored after the scheduler's verbs waiting now."""
+    checked = await admit(ctx, body, client, token)
+    if not isinstance(checked, TelemetryReport):
+        return checked
+    await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
+    return answer(ctx, checked, ctx.state.ingest(checked))

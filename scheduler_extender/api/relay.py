@@ -2,17 +2,18 @@
 
 ``listen`` opens the relay's port in the extender itself (so a port in use is a start-up error,
 and the port stays open while a relay restarts). ``RelaySupervisor`` starts the relay process
-on that socket, takes its frames of pushes, answers each one with ``ingest.push`` (the very
-code that answers a push on the scheduler's port), and starts the relay again if it exits.
+on that socket, takes its frames of pushes, answers each one with ``ingest`` (the very code
+that answers a push on the scheduler's port), and starts the relay again if it exits.
 
 Without settling, each push is answered at once, taking its turn after the scheduler's verbs.
 With settling (``--settle-ms``), decisions do not see a push before the next settle anyway, so
 while the scheduler is active relayed pushes are held for ``HOLD_S`` and applied together
-(``drain``), in steps of about ``STEP_S`` (a few pushes) with the scheduler's requests that
-came meanwhile let through between steps: a push then costs the extender its own work and no
-event-loop round trip of its own (about a third less), a request waits for one step at most,
-and the agent gets its answer some milliseconds later. While the scheduler is quiet they are
-applied at once, ``DRAIN_TURN`` per turn.
+(``drain``), in steps of about ``STEP_S`` with the scheduler's requests that came meanwhile let
+through between steps. A step decodes its pushes one by one and stores them together, their
+rows written in one go (``ClusterState.ingest_many``): a push then costs the extender its own
+decoding and a share of the step's writes, and no event-loop round trip of its own. A request
+waits for one step at most, and the agent gets its answer some milliseconds later. While the
+scheduler is quiet they are applied at once, ``DRAIN_TURN`` per step.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from scheduler_extender.relay import (
     read_frame,
 )
 from scheduler_extender.serving import internal_error
+from scheduler_extender.telemetry.decode import TelemetryReport
 
 log = logging.getLogger("scheduler_extender")
 
@@ -53,7 +55,10 @@ HOLD_S = 0.01
 """How long relayed pushes are held to be applied together (settling on, scheduler active)."""
 
 DRAIN_TURN = 16
-"""Held pushes applied per turn of the event loop at most (under a millisecond of work)."""
+"""Held pushes applied per step of the drain at most (under a millisecond of work)."""
+
+PUSH_COST_S = 50e-6
+"""What a held push is taken to cost before the drain has measured it."""
 
 MAX_HELD = 20_000
 """Held pushes past this are applied without waiting out ``HOLD_S``."""
@@ -77,6 +82,8 @@ class RelaySupervisor:
         self._supervising: asyncio.Task[None] | None = None
         self._held: deque[tuple[Push, Outbox[Answer]]] = deque()
         self._draining = False
+        self._push_cost = PUSH_COST_S
+        """What applying a held push has cost lately (seconds): sizes the drain's steps."""
 
     async def start(self) -> None:
         """Start the relay, and keep it running until ``stop``."""
@@ -159,10 +166,10 @@ class RelaySupervisor:
         finally:
             writer.close()
 
-    async def _answer(self, push: Push, outbox: Outbox[Answer], take_turn: bool = True) -> None:
+    async def _answer(self, push: Push, outbox: Outbox[Answer]) -> None:
         start = time.perf_counter()
         try:
-            status, out = await ingest.push(self.ctx, push.body, push.client, push.token, take_turn)
+            status, out = await ingest.push(self.ctx, push.body, push.client, push.token)
         except Exception as exc:  # as on the scheduler's port: a 500, never a dropped answer
             log.exception("internal error on a relayed telemetry push")
             status, out = 500, internal_error(exc)
@@ -184,21 +191,56 @@ class RelaySupervisor:
         return len(self._held)
 
     async def drain(self) -> None:
-        """Apply and answer the held pushes in arrival order, ``DRAIN_TURN`` per loop turn."""
+        """Apply and answer the held pushes in arrival order, up to ``DRAIN_TURN`` a step."""
         if self._draining:
             return
         self._draining = True
         try:
             while self._held:
-                # A step ends after DRAIN_TURN pushes, or after STEP_S while the scheduler is
-                # active, and the scheduler's requests that came meanwhile go first.
-                budget = STEP_S if self.ctx.push_turns.busy else float("inf")
-                step_ends = time.perf_counter() + budget
-                for _ in range(min(DRAIN_TURN, len(self._held))):
+                # While the scheduler is active a step takes as many pushes as fit in STEP_S
+                # at what a push has cost lately (decoding it, and its share of the step's
+                # writes), and the scheduler's requests that came meanwhile go first.
+                start = time.perf_counter()
+                if self.ctx.push_turns.busy:
+                    take = max(1, min(DRAIN_TURN, int(STEP_S / max(self._push_cost, 1e-7))))
+                else:
+                    take = DRAIN_TURN
+                step: list[tuple[Push, Outbox[Answer], TelemetryReport | tuple[int, bytes]]] = []
+                for _ in range(min(take, len(self._held))):
                     push, outbox = self._held.popleft()
-                    await self._answer(push, outbox, take_turn=False)
-                    if time.perf_counter() >= step_ends:
-                        break
+                    step.append((push, outbox, await self._admit(push)))
+                self._apply(step, start)
+                cost = (time.perf_counter() - start) / len(step)
+                self._push_cost += (cost - self._push_cost) / 8  # a moving average
                 await give_way()
         finally:
             self._draining = False
+
+    async def _admit(self, push: Push) -> TelemetryReport | tuple[int, bytes]:
+        try:
+            return await ingest.admit(self.ctx, push.body, push.client, push.token)
+        except Exception as exc:  # as on the scheduler's port: a 500, never a dropped answer
+            log.exception("internal error on a relayed telemetry push")
+            return 500, internal_error(exc)
+
+    def _apply(
+        self,
+        step: list[tuple[Push, Outbox[Answer], TelemetryReport | tuple[int, bytes]]],
+        start: float,
+    ) -> None:
+        """Store a step's reports together, then answer each of its pushes in order."""
+        reports = [checked for _, _, checked in step if isinstance(checked, TelemetryReport)]
+        try:
+            results = self.ctx.state.ingest_many(reports)
+            answers = iter(
+                [ingest.answer(self.ctx, r, res) for r, res in zip(reports, results, strict=True)]
+            )
+        except Exception as exc:
+            log.exception("internal error on relayed telemetry pushes")
+            failed = (500, internal_error(exc))
+            answers = iter([failed] * len(reports))
+        elapsed = time.perf_counter() - start  # each push of the step waited for all of it
+        for push, outbox, checked in step:
+            status, out = next(answers) if isinstance(checked, TelemetryReport) else checked
+            outbox.put(Answer(push.id, status, out), len(out))
+            self.ctx.metrics.observe_latency("telemetry", elapsed)

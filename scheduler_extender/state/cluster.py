@@ -225,22 +225,32 @@ class ClusterState:
         self._verdicts.clear()
         if policy.spec.fragmentation != self._mix.args:
             self._mix = MixLearner(policy.spec.fragmentation)
-        for node in self.store.nodes():
-            self._write_node(node)
+        self._write_nodes(self.store.nodes())
 
     def ingest(self, report: TelemetryReport) -> PutResult:
         """Take one agent report."""
-        now = self.clock.monotonic()
-        result = self.store.put(report, now, self.clock.wall(), self.policy.spec.thermal_throttling)
-        if result.accepted:
-            ttl = self.policy.spec.memory.assume_ttl_s
+        return self.ingest_many((report,))[0]
+
+    def ingest_many(self, reports: Sequence[TelemetryReport]) -> list[PutResult]:
+        """Take agent reports in arrival order; the rows they change are written together."""
+        now, wall = self.clock.monotonic(), self.clock.wall()
+        thermal, ttl = self.policy.spec.thermal_throttling, self.policy.spec.memory.assume_ttl_s
+        results = []
+        taken: dict[str, None] = {}  # nodes in order, once each (a later push of one wins)
+        for report in reports:
+            result = self.store.put(report, now, wall, thermal)
+            results.append(result)
+            if not result.accepted:
+                continue
+            taken[report.node] = None
             for gpu in report.gpus:
                 for proc in gpu.processes:
                     if proc.pod_uid:
                         self.allocations.renew(proc.pod_uid, now + ttl)
+        if taken:
             with self.table.deferred(self.settle_s > 0):
-                self._write_node(report.node)
-        return result
+                self._write_nodes(list(taken))
+        return results
 
     def settle(self) -> int:
         """Let decisions see every telemetry write so far; returns the rows that had one.
@@ -636,46 +646,58 @@ class ClusterState:
         )
         return rack, labels.get(RDMA_LABEL, "").lower() == "true"
 
-    def _write_node(self, node: str) -> None:
-        record = self.store.get(node)
-        if record is None:
+    def _write_nodes(self, nodes: Sequence[str]) -> None:
+        """Write the telemetry part of these nodes' rows from their last reports."""
+        records = [(node, record) for node in nodes if (record := self.store.get(node))]
+        if not records:
             return
-        report = record.report
-        health = report.node_health
-        rack, rdma = self._rack_and_rdma(self._labels_of(node))
-        states = record.thermal
+        racks, rdmas, driver_ok, received, interval, counts = [], [], [], [], [], []
         # One row per GPU in GPU_REPORT_COLUMNS order; None (a field the backend cannot read)
         # becomes NaN in a float64 array.
-        gpus = [
-            (
-                g.index,
-                g.temperature_c,
-                g.power_w,
-                g.power_limit_w,
-                g.utilization_pct,
-                g.memory_total_mib,
-                g.memory_used_mib,  # unaccounted until assigned pods are subtracted
-                state.below_since if (state := states.get(g.uuid)) is not None else None,
-                state is not None and state.hot_since is not None,
-                _HEALTH[g.health],
+        gpus: list[tuple[float | bool | None, ...]] = []
+        for node, record in records:
+            report = record.report
+            health = report.node_health
+            rack, rdma = self._rack_and_rdma(self._labels_of(node))
+            racks.append(rack)
+            rdmas.append(rdma)
+            driver_ok.append(health.driver_ok is not False and health.device_nodes_ok is not False)
+            received.append(record.received_at)
+            interval.append(report.interval_s)
+            counts.append(len(report.gpus))
+            states = record.thermal
+            gpus.extend(
+                (
+                    g.index,
+                    g.temperature_c,
+                    g.power_w,
+                    g.power_limit_w,
+                    g.utilization_pct,
+                    g.memory_total_mib,
+                    g.memory_used_mib,  # unaccounted until assigned pods are subtracted
+                    state.below_since if (state := states.get(g.uuid)) is not None else None,
+                    state is not None and state.hot_since is not None,
+                    _HEALTH[g.health],
+                )
+                for g in report.gpus
             )
-            for g in report.gpus
-        ]
-        self.table.write_node(
-            node,
-            received_at=record.received_at,
-            interval_s=report.interval_s,
-            driver_ok=health.driver_ok is not False and health.device_nodes_ok is not False,
-            rack=rack,
-            rdma=rdma,
+        self.table.write_nodes(
+            [node for node, _ in records],
+            received_at=received,
+            interval_s=interval,
+            driver_ok=driver_ok,
+            racks=racks,
+            rdma=rdmas,
             gpus=np.array(gpus, dtype=np.float64).reshape(len(gpus), len(GPU_REPORT_COLUMNS)),
+            counts=counts,
         )
-        if self.allocations.holds_gpus(node):
-            self._write_allocations(node)
-        else:
-            # Nothing assigned: the row's assignment columns are already empty (the last
-            # release rewrote them) and all memory in use is unaccounted, as just written.
-            self._write_room(node)
+        for node, _ in records:
+            if self.allocations.holds_gpus(node):
+                self._write_allocations(node)
+            else:
+                # Nothing assigned: the row's assignment columns are already empty (the last
+                # release rewrote them) and all memory in use is unaccounted, as just written.
+                self._write_room(node)
 
     def _write_allocations(self, node: str) -> None:
         blocks, whole, pods = self.allocations.totals(node)

@@ -171,6 +171,16 @@ class NodeTable:
             self._cols["settled"][row] = self._writes
             self._seen_writes += 1
 
+    def _touch_rows(self, rows: npt.NDArray[np.int64]) -> None:
+        """``_touch`` for several distinct rows at once."""
+        first = self._writes + 1
+        self._writes += rows.size
+        versions = np.arange(first, self._writes + 1)
+        self._cols["version"][rows] = versions
+        if not self.deferring:
+            self._cols["settled"][rows] = versions
+            self._seen_writes += rows.size
+
     @contextmanager
     def deferred(self, defer: bool = True) -> Iterator[None]:
         """Row writes made inside wait for the next ``settle`` (when ``defer``)."""
@@ -254,13 +264,8 @@ class NodeTable:
         self._ensure_gpus(max(slots) + 1 if slots else 0)
         row = self._row_for(node)
         self._touch(row)
+        self._write_node_part(row, received_at, interval_s, driver_ok, self.rack_id(rack), rdma)
         c = self._cols
-        c["known"][row] = True
-        c["received_at"][row] = received_at
-        c["interval_s"][row] = interval_s
-        c["driver_ok"][row] = driver_ok
-        c["rack"][row] = self.rack_id(rack)
-        c["rdma"][row] = rdma
         n = len(slots)
         if n and slots == list(range(n)):
             # GPUs 0..n-1, the usual case: slices, not fancy indexing, and only the slots past
@@ -277,6 +282,76 @@ class NodeTable:
         c["present"][row, at] = True
         c["hot"][row, at] = gpus[:, -2] > 0
         c["health"][row, at] = gpus[:, -1]
+
+    def write_nodes(
+        self,
+        nodes: Sequence[str],
+        *,
+        received_at: Sequence[float],
+        interval_s: Sequence[float],
+        driver_ok: Sequence[bool],
+        racks: Sequence[str | None],
+        rdma: Sequence[bool],
+        gpus: npt.NDArray[np.float64],
+        counts: Sequence[int],
+    ) -> None:
+        """``write_node`` for several nodes (each at most once), in one go where it can.
+
+        ``gpus`` holds the nodes' GPUs one after the other, ``counts[i]`` of them for
+        ``nodes[i]``. When there are several nodes and each reports GPUs 0..n-1 for the same n
+        (the usual case), every column is written once for all their rows; otherwise node by
+        node (a row's scalar writes cost a fifth of a fancy-indexed one).
+        """
+        n = counts[0] if len(counts) else 0
+        index = gpus[:, 0]
+        if (
+            len(nodes) < 2
+            or any(k != n for k in counts)
+            or not n
+            or not ((index.reshape(len(nodes), n) == np.arange(n)).all())
+        ):
+            at = 0
+            for i, node in enumerate(nodes):
+                self.write_node(
+                    node, received_at=received_at[i], interval_s=interval_s[i],
+                    driver_ok=driver_ok[i], rack=racks[i], rdma=rdma[i],
+                    gpus=gpus[at : at + counts[i]],
+                )  # fmt: skip
+                at += counts[i]
+            return
+        self._ensure_gpus(n)
+        rows = np.fromiter(map(self._row_for, nodes), dtype=np.int64, count=len(nodes))
+        self._touch_rows(rows)
+        rack_ids = [self.rack_id(rack) for rack in racks]
+        self._write_node_part(rows, received_at, interval_s, driver_ok, rack_ids, rdma)
+        c = self._cols
+        if n < self._gpus:
+            self._floats[rows, n:] = np.nan
+            for name in ("present", "hot", "health"):
+                c[name][rows, n:] = self._blank(name, 1, 1)[0, 0]
+        per_node = gpus.reshape(len(nodes), n, gpus.shape[1])
+        self._floats[rows, :n] = per_node[:, :, 1 : 1 + len(_GPU_FLOAT)]
+        c["present"][rows, :n] = True
+        c["hot"][rows, :n] = per_node[:, :, -2] > 0
+        c["health"][rows, :n] = per_node[:, :, -1]
+
+    def _write_node_part(
+        self,
+        at: int | npt.NDArray[np.int64],
+        received_at: float | Sequence[float],
+        interval_s: float | Sequence[float],
+        driver_ok: bool | Sequence[bool],
+        rack_id: int | Sequence[int],
+        rdma: bool | Sequence[bool],
+    ) -> None:
+        """The per-node telemetry columns of one row (scalars) or of several (sequences)."""
+        c = self._cols
+        c["known"][at] = True
+        c["received_at"][at] = received_at
+        c["interval_s"][at] = interval_s
+        c["driver_ok"][at] = driver_ok
+        c["rack"][at] = rack_id
+        c["rdma"][at] = rdma
 
     def set_room(
         self,

@@ -263,7 +263,7 @@ async def test_a_long_queue_of_held_pushes_is_applied_without_waiting(monkeypatc
 
 
 async def test_while_the_scheduler_is_active_held_pushes_go_in_short_steps(monkeypatch):
-    # A step of the drain ends once STEP_S has passed (here at once: one push a step), and the
+    # A step of the drain takes the pushes that fit in STEP_S (here none: one push a step), and the
     # loop turns between steps, so a scheduler request waits for at most one step.
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
     monkeypatch.setattr(relay_mod, "STEP_S", 0.0)
@@ -285,3 +285,59 @@ async def test_while_the_scheduler_is_active_held_pushes_go_in_short_steps(monke
         answers = await asyncio.gather(*pending)
         assert [a.json()["accepted"] for a in answers] == [True] * 4
         assert sorted(set(seen), reverse=True) == [3, 2, 1]  # the first step ran before the watch
+
+
+async def test_held_pushes_stored_together_each_get_their_own_answer(monkeypatch):
+    # One step holds good pushes, two of the same node, a stale one and refused ones: the good
+    # ones are stored together, and every push gets the answer it would get alone.
+    monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    async with running() as (app, url, own):
+        hold_pushes(app)
+        supervisor = app.state.relay
+        sent = [
+            orjson.dumps(report("m1", [gpu(0), gpu(1)], seq=5)),
+            b"{not json",
+            orjson.dumps(report("m2", [gpu(0), gpu(1)], seq=1)),
+            orjson.dumps(report("m1", [gpu(0, temperature_c=61.0), gpu(1)], seq=6)),
+            orjson.dumps(report("m2", [gpu(0)], seq=1)),  # not newer than the one before
+            orjson.dumps(report("m3", [gpu(0, temperature_c="hot")])),
+        ]
+        pending = [asyncio.create_task(post(url, body)) for body in sent]
+        await wait_for(lambda: supervisor.held == len(sent))
+        await supervisor.drain()
+        answers = [await p for p in pending]
+        assert [a.status_code for a in answers] == [200, 422, 200, 200, 200, 422]
+        assert [a.json().get("accepted") for a in answers] == [True, None, True, True, False, None]
+        assert "not newer" in answers[4].json()["reason"]
+        app.state.ctx.state.settle()
+        nodes = {n["node"]: n for n in (await own.get("/debug/nodes")).json()["nodes"]}
+        assert set(nodes) == {"m1", "m2"}
+        assert nodes["m1"]["gpus"][0]["temperature_c"] == 61.0
+        assert len(nodes["m2"]["gpus"]) == 2
+
+
+async def test_a_step_that_fails_to_store_answers_500_and_the_next_step_goes_on(monkeypatch):
+    monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    async with running() as (app, url, _own):
+        hold_pushes(app)
+        supervisor, state = app.state.relay, app.state.ctx.state
+        real, broken = state.ingest_many, [True]
+
+        def flaky(reports: list[Any]) -> Any:
+            if broken[0]:
+                raise RuntimeError("storing failed")
+            return real(reports)
+
+        monkeypatch.setattr(state, "ingest_many", flaky)
+        first = [asyncio.create_task(post(url, body)) for body in [*bodies("f", 2), b"[]"]]
+        await wait_for(lambda: supervisor.held == 3)
+        await supervisor.drain()
+        answers = [await p for p in first]
+        assert [a.status_code for a in answers] == [500, 500, 422]
+        assert "storing failed" not in answers[0].text  # no internals in the answer
+        broken[0] = False
+        hold_pushes(app)
+        second = asyncio.create_task(post(url, bodies("g", 1)[0]))
+        await wait_for(lambda: supervisor.held == 1)
+        await supervisor.drain()
+        assert (await second).json()["accepted"] is True
