@@ -89,6 +89,8 @@ class FactsCache:
         self._version = np.zeros(0, dtype=np.int64)
         self._arrays: dict[str, npt.NDArray[Any]] = {}
         self._gpus = -1
+        self._last: tuple[IntArray, IntArray, GpuFacts] | None = None
+        """The rows last asked for, their versions then, and the facts answered."""
         self.computed_rows = 0
         """Rows worked out so far (for tests and benchmarks)."""
 
@@ -97,6 +99,7 @@ class FactsCache:
         self._version = np.zeros(0, dtype=np.int64)
         self._arrays = {}
         self._gpus = -1
+        self._last = None
 
     def _fit_to(self, table: NodeTable, sample: GpuFacts) -> None:
         """Make room for every row of the table (a new GPU width starts over)."""
@@ -123,11 +126,24 @@ class FactsCache:
         self._arrays["terms"] = terms
 
     def take(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> GpuFacts:
-        """The facts of these rows; rows written since they were last worked out are redone."""
+        """The facts of these rows; rows written since they were last worked out are redone.
+
+        Asked for the same rows as last time, none of them redone since, it answers the same
+        facts again: a warm asks for the settled rows once per demand shape.
+        """
         if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
             stale = self._version[rows] != table.column("settled")[rows]
         else:
             stale = np.ones(rows.shape[0], dtype=np.bool_)
+        last = self._last
+        if (
+            last is not None
+            and last[0].shape == rows.shape
+            and not stale.any()
+            and (last[0] == rows).all()
+            and (last[1] == self._version[rows]).all()
+        ):
+            return last[2]
         if stale.any():
             todo = np.unique(rows[stale])
             fresh = gpu_facts(table.gather(todo, now, policy.spec.thermal_throttling), policy)
@@ -140,11 +156,16 @@ class FactsCache:
             self._version[todo] = table.column("settled")[todo]
             self.computed_rows += int(todo.size)
         a = self._arrays
-        return GpuFacts(
+        facts = GpuFacts(
             **{name: a[name].take(rows, axis=0) for name in _FACT_ARRAYS},
             terms=a["terms"].take(rows, axis=1),
             host=HostRoom(a["host_cpu"].take(rows), a["host_memory"].take(rows)),
         )
+        for part in (*(getattr(facts, name) for name in _FACT_ARRAYS), facts.terms):
+            part.flags.writeable = False  # handed out again: nobody may change it
+        facts.host.cpu.flags.writeable = facts.host.memory.flags.writeable = False
+        self._last = (rows.copy(), self._version[rows], facts)
+        return facts
 
 
 class VerdictCache:

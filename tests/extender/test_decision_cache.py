@@ -225,6 +225,23 @@ def test_gpu_facts_are_worked_out_once_per_row_write_for_every_shape(clock):
     assert facts.computed_rows == 31 + 30
 
 
+def test_the_same_rows_asked_again_get_the_same_facts_until_one_is_written(clock):
+    """A warm asks for the settled rows once per shape: the facts are gathered once."""
+    _, state, _ = fleet(clock, nodes=10)
+    table, cache, now = state.table, state._verdicts.facts, clock.monotonic()
+    rows = table.rows([f"n{i}" for i in (1, 4, 7)])
+    first = cache.take(table, rows, state.policy, now)
+    assert cache.take(table, rows.copy(), state.policy, now) is first
+    assert cache.take(table, rows[:2], state.policy, now) is not first
+    with pytest.raises(ValueError):
+        first.terms[0, 0, 0] = 1.0  # handed out more than once: read-only
+    state.ingest(report_from(report("n4", [gpu(0, temperature_c=91.0)])))
+    again = cache.take(table, rows, state.policy, now)
+    assert again is not first
+    assert again.terms[0, 1, 0] < first.terms[0, 1, 0]  # n4 is hotter: less thermal headroom
+    assert cache.take(table, rows, state.policy, now) is again
+
+
 def test_decide_agrees_with_evaluate_when_a_node_widens_the_table(clock):
     """A node with more GPU slots than any before widens every per-GPU column."""
     _, state, _ = fleet(clock, nodes=20)
