@@ -265,7 +265,6 @@ class NodeTable:
         row = self._row_for(node)
         self._touch(row)
         self._write_node_part(row, received_at, interval_s, driver_ok, self.rack_id(rack), rdma)
-        c = self._cols
         n = len(slots)
         if n and slots == list(range(n)):
             # GPUs 0..n-1, the usual case: slices, not fancy indexing, and only the slots past
@@ -274,14 +273,28 @@ class NodeTable:
             blank: slice | None = slice(n, None) if n < self._gpus else None
         else:
             at, blank = index, slice(None)
+        self._write_gpus(row, at, blank, gpus)
+
+    def _write_gpus(
+        self,
+        rows: int | npt.NDArray[np.int64],
+        at: slice | npt.NDArray[np.int64],
+        blank: slice | None,
+        gpus: npt.NDArray[np.float64],
+    ) -> None:
+        """Write GPU slots ``at`` of one row or of several, emptying slots ``blank`` first.
+
+        ``gpus`` is in ``GPU_REPORT_COLUMNS`` order, with a leading row axis for several rows.
+        """
+        c = self._cols
         if blank is not None:
-            self._floats[row, blank] = np.nan
+            self._floats[rows, blank] = np.nan
             for name in ("present", "hot", "health"):
-                c[name][row, blank] = self._blank(name, 1, 1)[0, 0]
-        self._floats[row, at] = gpus[:, 1 : 1 + len(_GPU_FLOAT)]
-        c["present"][row, at] = True
-        c["hot"][row, at] = gpus[:, -2] > 0
-        c["health"][row, at] = gpus[:, -1]
+                c[name][rows, blank] = self._blank(name, 1, 1)[0, 0]
+        self._floats[rows, at] = gpus[..., 1 : 1 + len(_GPU_FLOAT)]
+        c["present"][rows, at] = True
+        c["hot"][rows, at] = gpus[..., -2] > 0
+        c["health"][rows, at] = gpus[..., -1]
 
     def write_nodes(
         self,
@@ -324,16 +337,8 @@ class NodeTable:
         self._touch_rows(rows)
         rack_ids = [self.rack_id(rack) for rack in racks]
         self._write_node_part(rows, received_at, interval_s, driver_ok, rack_ids, rdma)
-        c = self._cols
-        if n < self._gpus:
-            self._floats[rows, n:] = np.nan
-            for name in ("present", "hot", "health"):
-                c[name][rows, n:] = self._blank(name, 1, 1)[0, 0]
-        per_node = gpus.reshape(len(nodes), n, gpus.shape[1])
-        self._floats[rows, :n] = per_node[:, :, 1 : 1 + len(_GPU_FLOAT)]
-        c["present"][rows, :n] = True
-        c["hot"][rows, :n] = per_node[:, :, -2] > 0
-        c["health"][rows, :n] = per_node[:, :, -1]
+        blank = slice(n, None) if n < self._gpus else None
+        self._write_gpus(rows, slice(0, n), blank, gpus.reshape(len(nodes), n, gpus.shape[1]))
 
     def _write_node_part(
         self,
