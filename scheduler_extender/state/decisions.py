@@ -135,16 +135,17 @@ class FactsCache:
             stale = self._version[rows] != table.column("settled")[rows]
         else:
             stale = np.ones(rows.shape[0], dtype=np.bool_)
+        redo = bool(stale.any())
         last = self._last
         if (
-            last is not None
+            not redo
+            and last is not None
             and last[0].shape == rows.shape
-            and not stale.any()
             and (last[0] == rows).all()
             and (last[1] == self._version[rows]).all()
         ):
             return last[2]
-        if stale.any():
+        if redo:
             todo = np.unique(rows[stale])
             fresh = gpu_facts(table.gather(todo, now, policy.spec.thermal_throttling), policy)
             self._fit_to(table, fresh)
