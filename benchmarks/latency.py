@@ -73,7 +73,8 @@ class Server:
     relay = True
     settle_ms = 100.0
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, root: Path = ROOT) -> None:
+        """Start ``kind`` from the source tree ``root`` (another checkout: an A/B of two builds)."""
         self.kind = kind
         self.port = free_port()
         self.push_port = self.port
@@ -85,16 +86,19 @@ class Server:
                 extra += ["--ingest-port", str(self.push_port)]
         self.proc = subprocess.Popen(
             [sys.executable, *SERVERS[kind], "--port", str(self.port), *extra],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 for port in {self.port, self.push_port}:
                     c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                    c.request("GET", "/healthz")
-                    if c.getresponse().status != 200:
-                        raise OSError("not ready")
+                    try:
+                        c.request("GET", "/healthz")
+                        if c.getresponse().status != 200:
+                            raise OSError("not ready")
+                    finally:
+                        c.close()
                 return
             except OSError:
                 time.sleep(0.1)
@@ -125,6 +129,9 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 class Client:
@@ -155,11 +162,17 @@ class Client:
             raise RuntimeError(f"{path}: HTTP {resp.status}: {data[:300]!r}")
         return elapsed, data
 
+    def close(self) -> None:
+        self.conn.close()
+
 
 def load(server: Server, nodes: int, gpus: int = 8) -> None:
     c = Client(server.push_port)
-    for i in range(nodes):
-        c.post("/v1/telemetry", orjson.dumps(workload.report(i, seq=1, gpus=gpus)))
+    try:
+        for i in range(nodes):
+            c.post("/v1/telemetry", orjson.dumps(workload.report(i, seq=1, gpus=gpus)))
+    finally:
+        c.close()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -185,27 +198,31 @@ def drive(servers: dict[str, Server], nodes: int, mode: str, blocks: int, cycles
     cpu: dict[str, float] = dict.fromkeys(servers, 0.0)
     order = list(servers)
     cold: dict[str, float] = {}
-    for name in order:
-        # Warm-up, once per pod of the mix: connections, allocators, and our per-shape verdict
-        # cache. The first request of each new shape is the cold cost, reported on its own.
-        firsts = [clients[name].post("/filter", body)[0] for body in bodies]
-        cold[name] = max(firsts) * 1000
-        for body in bodies:
-            clients[name].post("/prioritize", body)
-    for b in range(blocks):
-        for name in order if b % 2 == 0 else reversed(order):
-            c0 = time.process_time()
-            due = time.perf_counter()
+    try:
+        for name in order:
+            # Warm-up, once per pod of the mix: connections, allocators, and our per-shape verdict
+            # cache. The first request of each new shape is the cold cost, reported on its own.
+            firsts = [clients[name].post("/filter", body)[0] for body in bodies]
+            cold[name] = max(firsts) * 1000
             for body in bodies:
-                f, _ = clients[name].post("/filter", body)
-                p, _ = clients[name].post("/prioritize", body)
-                times[name]["filter"].append(f)
-                times[name]["prioritize"].append(p)
-                times[name]["cycle"].append(f + p)
-                if pace:
-                    due += 1 / pace
-                    time.sleep(max(due - time.perf_counter(), 0.0))
-            cpu[name] += time.process_time() - c0
+                clients[name].post("/prioritize", body)
+        for b in range(blocks):
+            for name in order if b % 2 == 0 else reversed(order):
+                c0 = time.process_time()
+                due = time.perf_counter()
+                for body in bodies:
+                    f, _ = clients[name].post("/filter", body)
+                    p, _ = clients[name].post("/prioritize", body)
+                    times[name]["filter"].append(f)
+                    times[name]["prioritize"].append(p)
+                    times[name]["cycle"].append(f + p)
+                    if pace:
+                        due += 1 / pace
+                        time.sleep(max(due - time.perf_counter(), 0.0))
+                cpu[name] += time.process_time() - c0
+    finally:
+        for client in clients.values():
+            client.close()
     out: dict[str, dict[str, Any]] = {}
     for name, t in times.items():
         n = len(t["cycle"])

@@ -1,0 +1,118 @@
+"""Interleaved A/B of decision latency under telemetry pushes: two source trees, one machine.
+
+``python -m benchmarks.ab A_TREE B_TREE [--rounds 20] [--rate 5000]`` (``make bench-ab A=.. B=..``)
+
+The under-ingest figure of ``benchmarks.latency`` moves by about ±0.3 from one run to the next
+on a shared 2-core machine, so two runs of two builds one after the other cannot tell a change
+of 10-20 % from drift. Here both builds run at once, each from its own checkout (for example a
+``git worktree`` of the commit before), with the same telemetry; rounds alternate A B, then B A,
+and each round gives a server a block of pods with no pushes, then starts pushers at ``--rate``
+and gives it a block under pushes. A side's samples are pooled over all rounds before the
+percentiles are taken, and the running figures are printed every few rounds so that drift
+shows. Run the same tree as both sides first: what A/A differs by is the noise to beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.latency import PACED_CONNS, Server, drive, ingest, load, pct
+
+
+def _block(server: Server, nodes: int, cycles: int, pace: float) -> list[float]:
+    samples: list[float] = drive({"s": server}, nodes, "names", 1, cycles, None, pace)["s"][
+        "samples"
+    ]
+    return samples
+
+
+def _summary(idle: list[float], busy: list[float], pushed: list[float]) -> dict[str, float]:
+    idle_p99, busy_p99 = pct(idle, 0.99), pct(busy, 0.99)
+    return {
+        "idle_p50_ms": round(pct(idle, 0.5), 3), "idle_p99_ms": round(idle_p99, 3),
+        "busy_p50_ms": round(pct(busy, 0.5), 3), "busy_p99_ms": round(busy_p99, 3),
+        "ratio_p99": round(busy_p99 / idle_p99, 2),
+        "pushes_per_s": round(sum(pushed) / len(pushed)) if pushed else 0,
+        "requests_per_side": len(busy),
+    }  # fmt: skip
+
+
+def compare(
+    servers: dict[str, Server], rounds: int, rate: float, nodes: int, cycles: int,
+    pace: float = 0.0, ramp_s: float = 1.0, every: int = 5,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Pooled idle and busy decision latency of each server, rounds interleaved."""
+    idle: dict[str, list[float]] = {name: [] for name in servers}
+    busy: dict[str, list[float]] = {name: [] for name in servers}
+    pushed: dict[str, list[float]] = {name: [] for name in servers}
+    order = list(servers)
+    for n in range(rounds):
+        for name in order if n % 2 == 0 else reversed(order):
+            server = servers[name]
+            idle[name] += _block(server, nodes, cycles, pace)
+            stop = mp.Event()
+            t0, procs, queue = ingest(
+                server.push_port, nodes, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
+            )
+            time.sleep(ramp_s)  # at rate before measuring
+            busy[name] += _block(server, nodes, cycles, pace)
+            stop.set()
+            count = sum(queue.get(timeout=60) for _ in procs)
+            for p in procs:
+                p.join()
+            pushed[name].append(count / (time.perf_counter() - t0))
+        if (n + 1) % every == 0 or n + 1 == rounds:
+            line = "  ".join(
+                f"{name}: {pct(idle[name], 0.99):.3f} -> {pct(busy[name], 0.99):.3f} ms "
+                f"(×{pct(busy[name], 0.99) / pct(idle[name], 0.99):.2f}, "
+                f"p50 under pushes {pct(busy[name], 0.5):.3f})"
+                for name in order
+            )
+            print(f"after {n + 1:3d} rounds, p99 idle -> under pushes: {line}", flush=True)
+    return {name: _summary(idle[name], busy[name], pushed[name]) for name in order}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="benchmarks.ab", description=__doc__.split("\n\n")[0])
+    p.add_argument("a", type=Path, help="source tree of build A (holds scheduler_extender/)")
+    p.add_argument("b", type=Path, help="source tree of build B")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rate", type=float, default=5000.0, help="pushes a second (default 5000)")
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--cycles", type=int, default=150, help="pods per block")
+    p.add_argument("--pace", type=float, default=0.0, help="pods a second (0: back to back)")
+    p.add_argument("--json", type=Path, help="also write the summary here")
+    args = p.parse_args()
+    for tree in (args.a, args.b):
+        if not (tree / "scheduler_extender" / "__init__.py").is_file():
+            p.error(f"{tree} is not a source tree of this project (no scheduler_extender/)")
+    servers: dict[str, Server] = {}
+    try:
+        for name, tree in (("A", args.a), ("B", args.b)):
+            servers[name] = Server("ours", root=tree.resolve())
+            load(servers[name], args.nodes)
+        result = compare(servers, args.rounds, args.rate, args.nodes, args.cycles, args.pace)
+    finally:
+        for s in servers.values():
+            s.stop()
+    a, b = result["A"], result["B"]
+    out: dict[str, Any] = {
+        "A": {"tree": str(args.a), **a}, "B": {"tree": str(args.b), **b},
+        "b_over_a_busy_p99": round(b["busy_p99_ms"] / a["busy_p99_ms"], 2),
+        "b_over_a_busy_p50": round(b["busy_p50_ms"] / a["busy_p50_ms"], 2),
+        "rounds": args.rounds, "rate": args.rate, "nodes": args.nodes, "cycles": args.cycles,
+        "pace": args.pace,
+    }  # fmt: skip
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
