@@ -16,19 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.latency import PACED_CONNS, Server, drive, ingest, load, pct
-
-
-def _block(server: Server, nodes: int, cycles: int, pace: float) -> list[float]:
-    samples: list[float] = drive({"s": server}, nodes, "names", 1, cycles, None, pace)["s"][
-        "samples"
-    ]
-    return samples
+from benchmarks.latency import Server, load, names_block, names_block_under_pushes, pct
 
 
 def _summary(idle: list[float], busy: list[float], pushed: list[float]) -> dict[str, float]:
@@ -54,18 +45,10 @@ def compare(
     for n in range(rounds):
         for name in order if n % 2 == 0 else reversed(order):
             server = servers[name]
-            idle[name] += _block(server, nodes, cycles, pace)
-            stop = mp.Event()
-            t0, procs, queue = ingest(
-                server.push_port, nodes, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
-            )
-            time.sleep(ramp_s)  # at rate before measuring
-            busy[name] += _block(server, nodes, cycles, pace)
-            stop.set()
-            count = sum(queue.get(timeout=60) for _ in procs)
-            for p in procs:
-                p.join()
-            pushed[name].append(count / (time.perf_counter() - t0))
+            idle[name] += names_block(server, nodes, cycles, pace)
+            samples, reached = names_block_under_pushes(server, nodes, rate, cycles, pace, ramp_s)
+            busy[name] += samples
+            pushed[name].append(reached)
         if (n + 1) % every == 0 or n + 1 == rounds:
             line = "  ".join(
                 f"{name}: {pct(idle[name], 0.99):.3f} -> {pct(busy[name], 0.99):.3f} ms "

@@ -409,6 +409,31 @@ does not hold the next one back (each of 5,000 agents has a connection of its ow
 pushes for up to 10 ms while the scheduler is active)."""
 
 
+def names_block(server: Server, nodes: int, cycles: int, pace: float = 0.0) -> list[float]:
+    """One block of pods in names mode on one server: each request's seconds."""
+    samples: list[float] = drive({"s": server}, nodes, "names", 1, cycles, None, pace)["s"][
+        "samples"
+    ]
+    return samples
+
+
+def names_block_under_pushes(
+    server: Server, nodes: int, rate: float, cycles: int, pace: float = 0.0, ramp_s: float = 1.0
+) -> tuple[list[float], float]:
+    """``names_block`` while ``nodes`` push ``rate`` times a second; and the rate reached."""
+    stop = mp.Event()
+    t0, procs, queue = ingest(
+        server.push_port, nodes, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
+    )
+    time.sleep(ramp_s)  # at rate before measuring
+    samples = names_block(server, nodes, cycles, pace)
+    stop.set()
+    pushed = sum(queue.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join()
+    return samples, pushed / (time.perf_counter() - t0)
+
+
 def decisions_while_pushing(
     server: Server, rates: tuple[float, ...], rounds: int, cycles: int, pace: float = 0.0
 ) -> dict[float, dict[str, float]]:
@@ -419,26 +444,15 @@ def decisions_while_pushing(
     """
     samples: dict[float, list[float]] = {r: [] for r in (0.0, *rates)}
     achieved: dict[float, list[float]] = {r: [] for r in rates}
-    k = server.kind
     for n in range(rounds):
         order = (0.0, *rates) if n % 2 == 0 else (*reversed(rates), 0.0)
         for rate in order:
             if rate == 0.0:
-                samples[0.0] += drive({k: server}, 5000, "names", 1, cycles, None, pace)[k][
-                    "samples"
-                ]
+                samples[0.0] += names_block(server, 5000, cycles, pace)
                 continue
-            stop = mp.Event()
-            t0, ps, queue = ingest(
-                server.push_port, 5000, 120.0, rate=rate, conns=PACED_CONNS, stop=stop
-            )
-            time.sleep(1.0)  # a second at rate before measuring
-            samples[rate] += drive({k: server}, 5000, "names", 1, cycles, None, pace)[k]["samples"]
-            stop.set()
-            pushed = sum(queue.get(timeout=60) for _ in ps)
-            for p in ps:
-                p.join()
-            achieved[rate].append(pushed / (time.perf_counter() - t0))
+            busy, reached = names_block_under_pushes(server, 5000, rate, cycles, pace)
+            samples[rate] += busy
+            achieved[rate].append(reached)
     return {
         r: {"p99_ms": pct(v, 0.99), "requests": len(v),
             **({"pushes_per_s": sum(achieved[r]) / len(achieved[r])} if r else {})}
