@@ -6,6 +6,14 @@ shows it, and it lists every problem of a refused report. Validating a push with
 same JSON with the same fields, defaults and limits in a few µs. A refused report is validated
 once more by the pydantic model, only to locate every problem for the agent's log.
 ``tests/extender/test_telemetry_decode.py`` holds the two definitions to each other.
+
+The store keeps the latest report of every node, so a report lives about one push interval,
+long enough to be walked by the cyclic garbage collector: with lists and GC-tracked structs,
+5,000 nodes pushing every second kept some 50,000 young objects alive, and each collection that
+walked them stopped the event loop for 6-20 ms. These structs hold no references that could
+form a cycle, so they are not tracked (``gc=False``), and their sequences are tuples (a tuple
+of untracked items leaves the collector's lists after its first collection; an empty one is
+shared). JSON is the same either way.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ _MiB = Annotated[float, msgspec.Meta(ge=0, le=16_777_216)]
 _MHz = Annotated[float, msgspec.Meta(ge=0, le=100_000)]
 
 
-class AgentInfo(msgspec.Struct, frozen=True):
+class AgentInfo(msgspec.Struct, frozen=True, gc=False):
     """Who sent the report."""
 
     version: Annotated[str, msgspec.Meta(max_length=64)]
@@ -39,7 +47,7 @@ class AgentInfo(msgspec.Struct, frozen=True):
     seq: _NonNegInt
 
 
-class NodeHealth(msgspec.Struct, frozen=True):
+class NodeHealth(msgspec.Struct, frozen=True, gc=False):
     """Node-level health."""
 
     driver_ok: bool | None = None
@@ -48,7 +56,7 @@ class NodeHealth(msgspec.Struct, frozen=True):
     cuda_ctx_success_ratio: _Ratio | None = None
 
 
-class GpuProcess(msgspec.Struct, frozen=True):
+class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     """A process holding GPU memory."""
 
     pid: _NonNegInt
@@ -57,7 +65,7 @@ class GpuProcess(msgspec.Struct, frozen=True):
     used_mib: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
-class GpuReport(msgspec.Struct, frozen=True):
+class GpuReport(msgspec.Struct, frozen=True, gc=False):
     """One GPU at one moment."""
 
     index: Annotated[int, msgspec.Meta(ge=0, lt=schema.MAX_GPUS_PER_NODE)]
@@ -71,17 +79,17 @@ class GpuReport(msgspec.Struct, frozen=True):
     memory_used_mib: _MiB | None = None
     sm_clock_mhz: _MHz | None = None
     sm_clock_max_mhz: _MHz | None = None
-    throttle_reasons: Annotated[list[_REASON], msgspec.Meta(max_length=64)] = []
+    throttle_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
     ecc_uncorrected: _NonNegInt | None = None
     xid_last: _NonNegInt | None = None
     health: Literal["healthy", "degraded", "unhealthy"] = "healthy"
-    health_reasons: Annotated[list[_REASON], msgspec.Meta(max_length=64)] = []
+    health_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
     processes: Annotated[
-        list[GpuProcess], msgspec.Meta(max_length=schema.MAX_PROCESSES_PER_GPU)
-    ] = []
+        tuple[GpuProcess, ...], msgspec.Meta(max_length=schema.MAX_PROCESSES_PER_GPU)
+    ] = ()
 
 
-class TelemetryReport(msgspec.Struct, frozen=True):
+class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     """One push from one node agent: every GPU of the node."""
 
     schema_: Literal["edgegpu.io/telemetry/v1"] = msgspec.field(name="schema")
@@ -89,7 +97,7 @@ class TelemetryReport(msgspec.Struct, frozen=True):
     agent: AgentInfo
     sampled_at: datetime
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
-    gpus: Annotated[list[GpuReport], msgspec.Meta(max_length=schema.MAX_GPUS_PER_NODE)]
+    gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=schema.MAX_GPUS_PER_NODE)]
     labels: Annotated[
         dict[
             Annotated[str, msgspec.Meta(max_length=317)],

@@ -5,21 +5,26 @@ Imports the schema and ``policy.thermal`` (the hysteresis step is a policy rule)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 from scheduler_extender.policy import thermal
 from scheduler_extender.telemetry.decode import TelemetryReport
 
 
-@dataclass(slots=True)
-class NodeRecord:
-    """What the extender knows of one node from its agent."""
+class NodeRecord(msgspec.Struct, gc=False):
+    """What the extender knows of one node from its agent.
+
+    Not tracked by the garbage collector, like the report it holds (see ``telemetry.decode``):
+    a record refers to nothing that refers back to it.
+    """
 
     report: TelemetryReport
     received_at: float
     """Monotonic time of the last accepted report."""
     received_wall: float
-    thermal: dict[str, thermal.ThermalState] = field(default_factory=dict)
+    thermal: dict[str, thermal.ThermalState] = msgspec.field(default_factory=dict)
     """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
 
 
