@@ -28,6 +28,8 @@ def _summary(idle: list[float], busy: list[float], pushed: list[float]) -> dict[
         "idle_p50_ms": round(pct(idle, 0.5), 3), "idle_p99_ms": round(idle_p99, 3),
         "busy_p50_ms": round(pct(busy, 0.5), 3), "busy_p99_ms": round(busy_p99, 3),
         "ratio_p99": round(busy_p99 / idle_p99, 2),
+        "idle_p999_ms": round(pct(idle, 0.999), 3), "busy_p999_ms": round(pct(busy, 0.999), 3),
+        "busy_max_ms": round(max(busy) * 1000, 3),
         "pushes_per_s": round(sum(pushed) / len(pushed)) if pushed else 0,
         "requests_per_side": len(busy),
     }  # fmt: skip
@@ -53,7 +55,7 @@ def compare(
             line = "  ".join(
                 f"{name}: {pct(idle[name], 0.99):.3f} -> {pct(busy[name], 0.99):.3f} ms "
                 f"(×{pct(busy[name], 0.99) / pct(idle[name], 0.99):.2f}, "
-                f"p50 under pushes {pct(busy[name], 0.5):.3f})"
+                f"p50 under pushes {pct(busy[name], 0.5):.3f}, p99.9 {pct(busy[name], 0.999):.3f})"
                 for name in order
             )
             print(f"after {n + 1:3d} rounds, p99 idle -> under pushes: {line}", flush=True)

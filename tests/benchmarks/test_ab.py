@@ -25,6 +25,7 @@ def test_compare_measures_both_sides_idle_and_under_pushes() -> None:
         assert 0 < side["idle_p50_ms"] <= side["idle_p99_ms"]
         assert 0 < side["busy_p50_ms"] <= side["busy_p99_ms"]
         assert side["ratio_p99"] == round(side["busy_p99_ms"] / side["idle_p99_ms"], 2)
+        assert side["busy_p99_ms"] <= side["busy_p999_ms"] <= side["busy_max_ms"]
         assert side["pushes_per_s"] > 0
 
 
