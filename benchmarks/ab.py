@@ -52,11 +52,12 @@ def compare(
             busy[name] += samples
             pushed[name].append(reached)
         if (n + 1) % every == 0 or n + 1 == rounds:
+            now = {name: _summary(idle[name], busy[name], pushed[name]) for name in order}
             line = "  ".join(
-                f"{name}: {pct(idle[name], 0.99):.3f} -> {pct(busy[name], 0.99):.3f} ms "
-                f"(×{pct(busy[name], 0.99) / pct(idle[name], 0.99):.2f}, "
-                f"p50 under pushes {pct(busy[name], 0.5):.3f}, p99.9 {pct(busy[name], 0.999):.3f})"
-                for name in order
+                f"{name}: {s['idle_p99_ms']:.3f} -> {s['busy_p99_ms']:.3f} ms "
+                f"(×{s['ratio_p99']:.2f}, p50 under pushes {s['busy_p50_ms']:.3f}, "
+                f"p99.9 {s['busy_p999_ms']:.3f})"
+                for name, s in now.items()
             )
             print(f"after {n + 1:3d} rounds, p99 idle -> under pushes: {line}", flush=True)
     return {name: _summary(idle[name], busy[name], pushed[name]) for name in order}
