@@ -56,8 +56,8 @@ bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nod
 bench: $(BENCH_STAMP) ## every benchmark: 1k/5k/10k nodes, longer runs
 	$(PY) -m benchmarks.latency
 
-bench-ab: $(BENCH_STAMP) ## decision p99 under pushes, two builds interleaved: make bench-ab A=tree B=tree [ROUNDS=20]
-	$(PY) -m benchmarks.ab $(A) $(B) --rounds $(or $(ROUNDS),20)
+bench-ab: $(BENCH_STAMP) ## decision p99 under pushes, builds interleaved: make bench-ab A=tree B=tree [MORE="c=tree --floor"] [ROUNDS=20]
+	$(PY) -m benchmarks.ab $(A) $(B) $(MORE) --rounds $(or $(ROUNDS),20)
 
 bench-openb-quick: $(BENCH_STAMP) ## OpenB trace replay: default trace, 3 seeds, every policy (< 10 min)
 	$(PY) -m benchmarks.openb --trace default --seeds 42-44 --json benchmarks/results/openb-quick.json

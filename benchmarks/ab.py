@@ -1,15 +1,18 @@
-"""Interleaved A/B of decision latency under telemetry pushes: two source trees, one machine.
+"""Interleaved A/B of decision latency under telemetry pushes: several builds, one machine.
 
-``python -m benchmarks.ab A_TREE B_TREE [--rounds 20] [--rate 5000]`` (``make bench-ab A=.. B=..``)
+``python -m benchmarks.ab A_TREE B_TREE [C_TREE ...] [--floor] [--rounds 20] [--rate 5000]``
+(``make bench-ab A=.. B=..``)
 
 The under-ingest figure of ``benchmarks.latency`` moves by about ±0.3 from one run to the next
 on a shared 2-core machine, so two runs of two builds one after the other cannot tell a change
-of 10-20 % from drift. Here both builds run at once, each from its own checkout (for example a
-``git worktree`` of the commit before), with the same telemetry; rounds alternate A B, then B A,
-and each round gives a server a block of pods with no pushes, then starts pushers at ``--rate``
-and gives it a block under pushes. A side's samples are pooled over all rounds before the
-percentiles are taken, and the running figures are printed every few rounds so that drift
-shows. Run the same tree as both sides first: what A/A differs by is the noise to beat.
+of 10-20 % from drift. Here the builds run at once, each from its own checkout (for example a
+``git worktree`` of the commit before), with the same telemetry; rounds alternate A B C, then
+C B A, and each round gives a server a block of pods with no pushes, then starts pushers at
+``--rate`` and gives it a block under pushes. A side's samples are pooled over all rounds
+before the percentiles are taken, and the running figures are printed every few rounds so that
+drift shows. Run the same tree as both sides first: what A/A differs by is the noise to beat.
+A tree may be named (``name=path``); ``--floor`` adds the floor server (``benchmarks.floor``)
+as one more side, fed the same telemetry.
 """
 
 from __future__ import annotations
@@ -63,10 +66,21 @@ def compare(
     return {name: _summary(idle[name], busy[name], pushed[name]) for name in order}
 
 
+def _side(spec: str, position: int) -> tuple[str, Path]:
+    """``name=path`` or a bare path (named A, B, C... by position)."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        name, path = chr(ord("A") + position), spec
+    return name, Path(path)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="benchmarks.ab", description=__doc__.split("\n\n")[0])
-    p.add_argument("a", type=Path, help="source tree of build A (holds scheduler_extender/)")
-    p.add_argument("b", type=Path, help="source tree of build B")
+    p.add_argument(
+        "trees", nargs="+", metavar="[NAME=]TREE",
+        help="source trees of the builds (each holds scheduler_extender/); unnamed ones are A, B...",
+    )  # fmt: skip
+    p.add_argument("--floor", action="store_true", help="also measure the floor server")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--rate", type=float, default=5000.0, help="pushes a second (default 5000)")
     p.add_argument("--nodes", type=int, default=5000)
@@ -74,23 +88,37 @@ def main() -> int:
     p.add_argument("--pace", type=float, default=0.0, help="pods a second (0: back to back)")
     p.add_argument("--json", type=Path, help="also write the summary here")
     args = p.parse_args()
-    for tree in (args.a, args.b):
+    sides = [_side(spec, i) for i, spec in enumerate(args.trees)]
+    names = [name for name, _ in sides] + (["floor"] if args.floor else [])
+    if len(names) < 2:
+        p.error("give two trees, or one tree and --floor")
+    if len(set(names)) < len(names):
+        p.error(f"each side needs a name of its own: {', '.join(names)}")
+    for _, tree in sides:
         if not (tree / "scheduler_extender" / "__init__.py").is_file():
             p.error(f"{tree} is not a source tree of this project (no scheduler_extender/)")
     servers: dict[str, Server] = {}
     try:
-        for name, tree in (("A", args.a), ("B", args.b)):
+        for name, tree in sides:
             servers[name] = Server("ours", root=tree.resolve())
-            load(servers[name], args.nodes)
+        if args.floor:
+            servers["floor"] = Server("floor")
+        for server in servers.values():
+            load(server, args.nodes)
         result = compare(servers, args.rounds, args.rate, args.nodes, args.cycles, args.pace)
     finally:
         for s in servers.values():
             s.stop()
-    a, b = result["A"], result["B"]
+    trees = {name: str(tree) for name, tree in sides}
+    first = result[names[0]]
     out: dict[str, Any] = {
-        "A": {"tree": str(args.a), **a}, "B": {"tree": str(args.b), **b},
-        "b_over_a_busy_p99": round(b["busy_p99_ms"] / a["busy_p99_ms"], 2),
-        "b_over_a_busy_p50": round(b["busy_p50_ms"] / a["busy_p50_ms"], 2),
+        **{name: ({"tree": trees[name]} if name in trees else {}) | result[name] for name in names},
+        "busy_p99_over_first": {
+            name: round(result[name]["busy_p99_ms"] / first["busy_p99_ms"], 2) for name in names
+        },
+        "busy_p50_over_first": {
+            name: round(result[name]["busy_p50_ms"] / first["busy_p50_ms"], 2) for name in names
+        },
         "rounds": args.rounds, "rate": args.rate, "nodes": args.nodes, "cycles": args.cycles,
         "pace": args.pace,
     }  # fmt: skip
