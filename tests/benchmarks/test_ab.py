@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.ab import compare
+import pytest
+
+from benchmarks.ab import compare, paired, sign_test
 from benchmarks.latency import ROOT, Server, load
 
 
@@ -33,9 +35,14 @@ def test_compare_measures_both_sides_idle_and_under_pushes() -> None:
         assert side["requests_per_side"] == 2 * 6 * 2  # rounds x pods x (filter + prioritize)
         assert 0 < side["idle_p50_ms"] <= side["idle_p99_ms"]
         assert 0 < side["busy_p50_ms"] <= side["busy_p99_ms"]
-        assert side["ratio_p99"] == round(side["busy_p99_ms"] / side["idle_p99_ms"], 2)
+        # from the unrounded p99s: within a rounding step of the rounded ones' ratio
+        assert side["ratio_p99"] == pytest.approx(
+            side["busy_p99_ms"] / side["idle_p99_ms"], abs=0.011
+        )
         assert side["busy_p99_ms"] <= side["busy_p999_ms"] <= side["busy_max_ms"]
         assert side["pushes_per_s"] > 0
+        assert len(side["busy_p99_by_round_ms"]) == 2
+        assert max(side["busy_p99_by_round_ms"]) <= side["busy_max_ms"]
 
 
 def test_a_directory_without_the_extender_is_refused(tmp_path: Path) -> None:
@@ -70,6 +77,26 @@ def test_a_named_tree_against_the_floor(tmp_path: Path) -> None:
         assert result[side]["requests_per_side"] == 1 * 4 * 2
         assert result[side]["pushes_per_s"] > 0
     assert result["busy_p99_over_first"]["mine"] == 1.0
-    assert result["busy_p99_over_first"]["floor"] == round(
-        result["floor"]["busy_p99_ms"] / result["mine"]["busy_p99_ms"], 2
+    assert result["busy_p99_over_first"]["floor"] == pytest.approx(
+        result["floor"]["busy_p99_ms"] / result["mine"]["busy_p99_ms"], abs=0.006
     )
+    assert list(result["paired_with_first"]) == ["floor"]
+    assert result["paired_with_first"]["floor"]["rounds"] == 1
+    assert "floor against mine, round by round" in done.stdout
+
+
+def test_the_sign_test_gives_the_binomial_tail_on_both_sides() -> None:
+    assert sign_test(14, 6) == sign_test(6, 14) == pytest.approx(0.11532, abs=1e-5)
+    assert sign_test(20, 0) == pytest.approx(2 / 2**20)
+    assert sign_test(10, 10) == 1.0  # an even split is as likely as it gets
+    assert sign_test(0, 0) == 1.0
+
+
+def test_rounds_are_paired_and_ties_left_out_of_the_sign_test() -> None:
+    first = [1.0, 2.0, 2.0, 4.0, 1.0]
+    other = [0.5, 2.0, 1.0, 5.0, 0.9]  # lower, tie, lower, higher, lower
+    result = paired(first, other)
+    assert result == {
+        "rounds": 5, "rounds_lower": 3, "rounds_higher": 1,
+        "sign_test_p": 0.625, "median_round_ratio": 0.9,
+    }  # fmt: skip
