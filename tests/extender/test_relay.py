@@ -341,3 +341,28 @@ async def test_a_step_that_fails_to_store_answers_500_and_the_next_step_goes_on(
         await wait_for(lambda: supervisor.held == 1)
         await supervisor.drain()
         assert (await second).json()["accepted"] is True
+
+
+@pytest.mark.parametrize("pause", [True, False])
+async def test_frames_that_come_while_pushes_are_held_wait_for_the_drain(monkeypatch, pause):
+    # While the scheduler is active, the extender reads the relay's next frames only when the
+    # drain of the pushes held now starts: it is not woken again and again meanwhile.
+    monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "PAUSE_WHILE_HELD", pause)
+    async with running() as (app, url, _own):
+        hold_pushes(app)
+        supervisor = app.state.relay
+        first = asyncio.create_task(post(url, bodies("p", 1)[0]))
+        await wait_for(lambda: supervisor.held == 1)
+        later = [asyncio.create_task(post(url, b)) for b in bodies("r", 3)]
+        if pause:
+            await asyncio.sleep(0.5)
+            assert supervisor.held == 1  # their frames wait in the socket
+            await supervisor.drain()  # applies the first and reads what waited...
+            await wait_for(lambda: supervisor.held == 3)  # ...held for the next drain
+        else:
+            await wait_for(lambda: supervisor.held == 4)
+        await supervisor.drain()
+        answers = [await p for p in (first, *later)]
+        assert [a.json()["accepted"] for a in answers] == [True] * 4
+        assert supervisor.held == 0
