@@ -254,6 +254,7 @@ async def test_held_pushes_are_answered_before_the_relay_stops():
 
 async def test_a_long_queue_of_held_pushes_is_applied_without_waiting(monkeypatch):
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "PAUSE_WHILE_HELD", False)  # all of them held at once
     monkeypatch.setattr(relay_mod, "MAX_HELD", 3)
     async with running() as (app, url, _own):
         hold_pushes(app)
@@ -266,6 +267,7 @@ async def test_while_the_scheduler_is_active_held_pushes_go_in_short_steps(monke
     # A step of the drain takes the pushes that fit in STEP_S (here none: one push a step), and the
     # loop turns between steps, so a scheduler request waits for at most one step.
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "PAUSE_WHILE_HELD", False)  # all of them held at once
     monkeypatch.setattr(relay_mod, "STEP_S", 0.0)
     async with running() as (app, url, _own):
         hold_pushes(app)
@@ -291,6 +293,7 @@ async def test_held_pushes_stored_together_each_get_their_own_answer(monkeypatch
     # One step holds good pushes, two of the same node, a stale one and refused ones: the good
     # ones are stored together, and every push gets the answer it would get alone.
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "PAUSE_WHILE_HELD", False)  # all of them held at once
     async with running() as (app, url, own):
         hold_pushes(app)
         supervisor = app.state.relay
@@ -318,6 +321,7 @@ async def test_held_pushes_stored_together_each_get_their_own_answer(monkeypatch
 
 async def test_a_step_that_fails_to_store_answers_500_and_the_next_step_goes_on(monkeypatch):
     monkeypatch.setattr(relay_mod, "HOLD_S", 60.0)
+    monkeypatch.setattr(relay_mod, "PAUSE_WHILE_HELD", False)  # all of them held at once
     async with running() as (app, url, _own):
         hold_pushes(app)
         supervisor, state = app.state.relay, app.state.ctx.state
@@ -358,11 +362,12 @@ async def test_frames_that_come_while_pushes_are_held_wait_for_the_drain(monkeyp
         if pause:
             await asyncio.sleep(0.5)
             assert supervisor.held == 1  # their frames wait in the socket
-            await supervisor.drain()  # applies the first and reads what waited...
-            await wait_for(lambda: supervisor.held == 3)  # ...held for the next drain
+            while not all(p.done() for p in later):  # each drain reads what waited, in turn
+                await supervisor.drain()
+                await wait_for(lambda: supervisor.held > 0 or all(p.done() for p in later))
         else:
             await wait_for(lambda: supervisor.held == 4)
-        await supervisor.drain()
+            await supervisor.drain()
         answers = [await p for p in (first, *later)]
         assert [a.json()["accepted"] for a in answers] == [True] * 4
         assert supervisor.held == 0
