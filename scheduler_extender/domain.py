@@ -8,6 +8,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+MAX_GPUS_PER_NODE = 64
+"""Telemetry contract limits (``telemetry.schema``): GPUs a report may list, processes a GPU."""
+MAX_PROCESSES_PER_GPU = 1024
+
 
 class QosClass(enum.IntEnum):
     """QoS classes, ordered: a larger value is a more important class."""

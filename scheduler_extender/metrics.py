@@ -60,7 +60,7 @@ class _TelemetryAge(Collector):
                 continue
             seconds = now - record.received_at
             age.add_metric([node], seconds)
-            stale.add_metric([node], float(seconds > args.stale_after_s(record.report.interval_s)))
+            stale.add_metric([node], float(seconds > args.stale_after_s(record.digest.interval_s)))
         yield age
         yield stale
 

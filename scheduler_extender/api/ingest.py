@@ -15,8 +15,9 @@ import orjson
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
-from scheduler_extender.telemetry.decode import ReportError, TelemetryReport, decode_report
-from scheduler_extender.telemetry.store import PutResult
+from scheduler_extender.report import Digest
+from scheduler_extender.telemetry.decode import ReportError, decode_report
+from scheduler_extender.telemetry.store import PutResult, Received
 
 _MAX_PROBLEMS = 20
 
@@ -37,11 +38,16 @@ def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes]:
 
 
 async def admit(
-    ctx: AppContext, body: bytes | None, client: str | None, token: str | None
-) -> TelemetryReport | tuple[int, bytes]:
-    """Authenticate and decode one push: its report, or the (status, JSON body) refusing it.
+    ctx: AppContext,
+    body: bytes | None,
+    client: str | None,
+    token: str | None,
+    made: Digest | None = None,
+) -> Received | tuple[int, bytes]:
+    """Authenticate and decode one push: the push to store, or the (status, JSON body) refusing it.
 
-    ``body`` None means it was over the size cap.
+    ``body`` None means it was over the size cap. ``made``: the body's digest, made by the
+    telemetry relay from a body it found valid (the body is then not decoded here).
     """
     metrics = ctx.metrics.telemetry
     identity: Identity | None = None
@@ -66,28 +72,31 @@ async def admit(
     if body is None:
         metrics.labels("too_large").inc()
         return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
-    try:
-        report = decode_report(body, _MAX_PROBLEMS)
-    except ReportError as exc:
-        metrics.labels("invalid").inc()
-        return _error(422, str(exc), problems=exc.problems)
+    if made is not None:
+        push = Received(made, body)
+    else:
+        try:
+            push = Received.of(decode_report(body, _MAX_PROBLEMS))
+        except ReportError as exc:
+            metrics.labels("invalid").inc()
+            return _error(422, str(exc), problems=exc.problems)
     if ctx.auth is not None and identity is not None:
         try:
-            ctx.auth.authorize(identity, report.node)
+            ctx.auth.authorize(identity, push.digest.node)
         except AuthError as exc:
             metrics.labels("forbidden").inc()
             return _error(exc.status, str(exc))
-    return report
+    return push
 
 
 _ACCEPTED_NO_PERFORMANCE = orjson.dumps({"accepted": True, "performance_gpus": []})
 
 
-def answer(ctx: AppContext, report: TelemetryReport, result: PutResult) -> tuple[int, bytes]:
-    """The (status, JSON body) for a report the state took (``ClusterState.ingest``)."""
+def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
+    """The (status, JSON body) for a node's report the state took (``ClusterState.ingest``)."""
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     # GPUs holding high-QoS pods: the agent keeps them out of power saving.
-    performance = ctx.state.performance_gpus(report.node)
+    performance = ctx.state.performance_gpus(node)
     if result.accepted and not performance and not result.reason:
         return 200, _ACCEPTED_NO_PERFORMANCE  # the usual answer, kept ready
     payload: dict[str, Any] = {"accepted": result.accepted, "performance_gpus": performance}
@@ -101,10 +110,11 @@ async def push(
     body: bytes | None,
     client: str | None,
     token: str | None,
+    made: Digest | None = None,
 ) -> tuple[int, bytes]:
     """One push → (status, JSON body), stored after the scheduler's verbs waiting now."""
-    checked = await admit(ctx, body, client, token)
-    if not isinstance(checked, TelemetryReport):
+    checked = await admit(ctx, body, client, token, made)
+    if not isinstance(checked, Received):
         return checked
     await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
-    return answer(ctx, checked, ctx.state.ingest(checked))
+    return answer(ctx, checked.digest.node, ctx.state.ingest(checked))

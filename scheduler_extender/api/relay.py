@@ -9,9 +9,10 @@ Without settling, each push is answered at once, taking its turn after the sched
 With settling (``--settle-ms``), decisions do not see a push before the next settle anyway, so
 while the scheduler is active relayed pushes are held for ``HOLD_S`` and applied together
 (``drain``), in steps of about ``STEP_S`` with the scheduler's requests that came meanwhile let
-through between steps. A step decodes its pushes one by one and stores them together, their
-rows written in one go (``ClusterState.ingest_many``): a push then costs the extender its own
-decoding and a share of the step's writes, and no event-loop round trip of its own. A request
+through between steps. A step admits its pushes one by one (a push whose body the relay found
+valid comes with its digest and is not decoded here) and stores them together, their rows
+written in one go (``ClusterState.ingest_many``): a push then costs the extender its share of
+the step's writes, and no event-loop round trip of its own. A request
 waits for one step at most, and the agent gets its answer some milliseconds later. While
 pushes wait for their drain, the relay's next frames stay in the socket until it starts
 (``PAUSE_WHILE_HELD``): fewer wake-ups of the extender by pushes while the scheduler waits on it.
@@ -43,7 +44,7 @@ from scheduler_extender.relay import (
     read_frame,
 )
 from scheduler_extender.serving import internal_error
-from scheduler_extender.telemetry.decode import TelemetryReport
+from scheduler_extender.telemetry.store import Received
 
 log = logging.getLogger("scheduler_extender")
 
@@ -179,7 +180,9 @@ class RelaySupervisor:
     async def _answer(self, push: Push, outbox: Outbox[Answer]) -> None:
         start = time.perf_counter()
         try:
-            status, out = await ingest.push(self.ctx, push.body, push.client, push.token)
+            status, out = await ingest.push(
+                self.ctx, push.body, push.client, push.token, push.digest
+            )
         except Exception as exc:  # as on the scheduler's port: a 500, never a dropped answer
             log.exception("internal error on a relayed telemetry push")
             status, out = 500, internal_error(exc)
@@ -234,7 +237,7 @@ class RelaySupervisor:
                     take = max(1, min(DRAIN_TURN, int(STEP_S / max(self._push_cost, 1e-7))))
                 else:
                     take = DRAIN_TURN
-                step: list[tuple[Push, Outbox[Answer], TelemetryReport | tuple[int, bytes]]] = []
+                step: list[tuple[Push, Outbox[Answer], Received | tuple[int, bytes]]] = []
                 for _ in range(min(take, len(self._held))):
                     push, outbox = self._held.popleft()
                     step.append((push, outbox, await self._admit(push)))
@@ -245,24 +248,27 @@ class RelaySupervisor:
         finally:
             self._draining = False
 
-    async def _admit(self, push: Push) -> TelemetryReport | tuple[int, bytes]:
+    async def _admit(self, push: Push) -> Received | tuple[int, bytes]:
         try:
-            return await ingest.admit(self.ctx, push.body, push.client, push.token)
+            return await ingest.admit(self.ctx, push.body, push.client, push.token, push.digest)
         except Exception as exc:  # as on the scheduler's port: a 500, never a dropped answer
             log.exception("internal error on a relayed telemetry push")
             return 500, internal_error(exc)
 
     def _apply(
         self,
-        step: list[tuple[Push, Outbox[Answer], TelemetryReport | tuple[int, bytes]]],
+        step: list[tuple[Push, Outbox[Answer], Received | tuple[int, bytes]]],
         start: float,
     ) -> None:
         """Store a step's reports together, then answer each of its pushes in order."""
-        reports = [checked for _, _, checked in step if isinstance(checked, TelemetryReport)]
+        reports = [checked for _, _, checked in step if isinstance(checked, Received)]
         try:
             results = self.ctx.state.ingest_many(reports)
             answers = iter(
-                [ingest.answer(self.ctx, r, res) for r, res in zip(reports, results, strict=True)]
+                [
+                    ingest.answer(self.ctx, r.digest.node, res)
+                    for r, res in zip(reports, results, strict=True)
+                ]
             )
         except Exception as exc:
             log.exception("internal error on relayed telemetry pushes")
@@ -270,6 +276,6 @@ class RelaySupervisor:
             answers = iter([failed] * len(reports))
         elapsed = time.perf_counter() - start  # each push of the step waited for all of it
         for push, outbox, checked in step:
-            status, out = next(answers) if isinstance(checked, TelemetryReport) else checked
+            status, out = next(answers) if isinstance(checked, Received) else checked
             outbox.put(Answer(push.id, status, out), len(out))
             self.ctx.metrics.observe_latency("telemetry", elapsed)

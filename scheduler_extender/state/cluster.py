@@ -8,6 +8,7 @@ request only gathers rows and calls the pure policy. Imports ``telemetry``, ``po
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from scheduler_extender.policy.combine import (
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
+from scheduler_extender.report import DIGEST_COLUMNS
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decisions import (
     DemandKey,
@@ -44,7 +46,7 @@ from scheduler_extender.state.host import HostLedger
 from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
-from scheduler_extender.telemetry.store import PutResult, TelemetryStore
+from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, TelemetryStore
 
 DEMAND_CACHE_SIZE = 16_384
 
@@ -227,26 +229,25 @@ class ClusterState:
             self._mix = MixLearner(policy.spec.fragmentation)
         self._write_nodes(self.store.nodes())
 
-    def ingest(self, report: TelemetryReport) -> PutResult:
+    def ingest(self, report: TelemetryReport | Received) -> PutResult:
         """Take one agent report."""
         return self.ingest_many((report,))[0]
 
-    def ingest_many(self, reports: Sequence[TelemetryReport]) -> list[PutResult]:
+    def ingest_many(self, reports: Sequence[TelemetryReport | Received]) -> list[PutResult]:
         """Take agent reports in arrival order; the rows they change are written together."""
         now, wall = self.clock.monotonic(), self.clock.wall()
         thermal, ttl = self.policy.spec.thermal_throttling, self.policy.spec.memory.assume_ttl_s
         results = []
         taken: dict[str, None] = {}  # nodes in order, once each (a later push of one wins)
         for report in reports:
-            result = self.store.put(report, now, wall, thermal)
+            push = Received.of(report) if isinstance(report, TelemetryReport) else report
+            result = self.store.put(push, now, wall, thermal)
             results.append(result)
             if not result.accepted:
                 continue
-            taken[report.node] = None
-            for gpu in report.gpus:
-                for proc in gpu.processes:
-                    if proc.pod_uid:
-                        self.allocations.renew(proc.pod_uid, now + ttl)
+            taken[push.digest.node] = None
+            for _, pod_uid, _ in push.digest.pods:
+                self.allocations.renew(pod_uid, now + ttl)
         if taken:
             with self.table.deferred(self.settle_s > 0):
                 self._write_nodes(list(taken))
@@ -630,13 +631,17 @@ class ClusterState:
     def gpu_uuids(self, node: str, indices: Sequence[int]) -> tuple[str, ...]:
         """UUIDs of a node's GPUs by index, from its last report ('' when unknown)."""
         record = self.store.get(node)
-        by_index = {g.index: g.uuid for g in record.report.gpus} if record else {}
+        by_index = (
+            dict(zip(map(int, record.digest.column("index")), record.digest.uuids, strict=True))
+            if record
+            else {}
+        )
         return tuple(by_index.get(i, "") for i in indices)
 
     # -- internals --------------------------------------------------------------------------
     def _labels_of(self, node: str) -> Mapping[str, str]:
         record = self.store.get(node)
-        agent = record.report.labels if record else {}
+        agent = record.digest.labels if record else {}
         return {**agent, **self._node_labels.get(node, {})}
 
     def _rack_and_rdma(self, labels: Mapping[str, str]) -> tuple[str | None, bool]:
@@ -652,35 +657,37 @@ class ClusterState:
         if not records:
             return
         racks, rdmas, driver_ok, received, interval, counts = [], [], [], [], [], []
-        # One row per GPU in GPU_REPORT_COLUMNS order; None (a field the backend cannot read)
-        # becomes NaN in a float64 array.
-        gpus: list[tuple[float | bool | None, ...]] = []
+        hot: list[tuple[int, NodeRecord]] = []  # (first GPU's row, record) of nodes with state
+        at = 0
         for node, record in records:
-            report = record.report
-            health = report.node_health
+            d = record.digest
             rack, rdma = self._rack_and_rdma(self._labels_of(node))
             racks.append(rack)
             rdmas.append(rdma)
-            driver_ok.append(health.driver_ok is not False and health.device_nodes_ok is not False)
+            driver_ok.append(d.driver_ok)
             received.append(record.received_at)
-            interval.append(report.interval_s)
-            counts.append(len(report.gpus))
-            states = record.thermal
-            gpus.extend(
-                (
-                    g.index,
-                    g.temperature_c,
-                    g.power_w,
-                    g.power_limit_w,
-                    g.utilization_pct,
-                    g.memory_total_mib,
-                    g.memory_used_mib,  # unaccounted until assigned pods are subtracted
-                    state.below_since if (state := states.get(g.uuid)) is not None else None,
-                    state is not None and state.hot_since is not None,
-                    _HEALTH[g.health],
-                )
-                for g in report.gpus
-            )
+            interval.append(d.interval_s)
+            counts.append(len(d.uuids))
+            if record.thermal:
+                hot.append((at, record))
+            at += len(d.uuids)
+        # One row per GPU in GPU_REPORT_COLUMNS order: the digests' rows, then the thermal
+        # state of the GPUs that have one (NaN below_since and not hot for the others).
+        digests = np.frombuffer(
+            b"".join(record.digest.gpus for _, record in records), dtype=np.float64
+        ).reshape(at, len(DIGEST_COLUMNS))
+        gpus = np.empty((at, len(GPU_REPORT_COLUMNS)), dtype=np.float64)
+        gpus[:, _FROM_DIGEST] = digests
+        gpus[:, _BELOW_SINCE] = np.nan
+        gpus[:, _HOT] = 0.0
+        for first, record in hot:
+            for i, uuid in enumerate(record.digest.uuids):
+                state = record.thermal.get(uuid)
+                if state is not None:
+                    gpus[first + i, _BELOW_SINCE] = (
+                        np.nan if state.below_since is None else state.below_since
+                    )
+                    gpus[first + i, _HOT] = state.hot_since is not None
         self.table.write_nodes(
             [node for node, _ in records],
             received_at=received,
@@ -688,7 +695,7 @@ class ClusterState:
             driver_ok=driver_ok,
             racks=racks,
             rdma=rdmas,
-            gpus=np.array(gpus, dtype=np.float64).reshape(len(gpus), len(GPU_REPORT_COLUMNS)),
+            gpus=gpus,
             counts=counts,
         )
         for node, _ in records:
@@ -704,17 +711,16 @@ class ClusterState:
         unaccounted: dict[int, float] = {}
         record = self.store.get(node)
         if record is not None:
-            for gpu in record.report.gpus:
-                used = gpu.memory_used_mib
-                if used is None:
+            d = record.digest
+            for index, used in zip(d.column("index"), d.column("memory_used_mib"), strict=True):
+                if math.isnan(used):
                     continue
-                ours = pods.get(gpu.index) if gpu.processes else None
+                i = int(index)
+                ours = pods.get(i) if d.pods else None
                 if ours:
-                    explained = sum(
-                        p.used_mib or 0.0 for p in gpu.processes if p.pod_uid and p.pod_uid in ours
-                    )
+                    explained = sum(mib for at, uid, mib in d.pods if at == i and uid in ours)
                     used = max(used - explained, 0.0)
-                unaccounted[gpu.index] = used
+                unaccounted[i] = used
         if record is None and not blocks and not whole and node not in self.table:
             return
         self.table.write_allocations(node, blocks, whole, unaccounted)
@@ -774,4 +780,7 @@ class ClusterState:
         return free
 
 
-_HEALTH = {h.name.lower(): int(h) for h in Health}
+_AS_TABLE = {"memory_used_mib": "unaccounted_used_mib"}  # until assigned pods are subtracted
+_FROM_DIGEST = [GPU_REPORT_COLUMNS.index(_AS_TABLE.get(c, c)) for c in DIGEST_COLUMNS]
+"""Where each of a digest's GPU columns goes in a ``GPU_REPORT_COLUMNS`` row."""
+_BELOW_SINCE, _HOT = GPU_REPORT_COLUMNS.index("below_since"), GPU_REPORT_COLUMNS.index("hot")

@@ -1,8 +1,8 @@
 """The telemetry push contract ``edgegpu.io/telemetry/v1`` (DESIGN.md §3).
 
-Imported by both packages: it imports pydantic and the standard library only, so that the node
-agent never loads the extender's web stack. Units are in the field names; a field the backend
-cannot read is ``None``, never a made-up number.
+Imported by both packages: it imports pydantic, the standard library and ``domain`` only, so
+that the node agent never loads the extender's web stack. Units are in the field names; a field
+the backend cannot read is ``None``, never a made-up number.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU
+
 SCHEMA = "edgegpu.io/telemetry/v1"
 
-MAX_GPUS_PER_NODE = 64
-MAX_PROCESSES_PER_GPU = 1024
 
 HealthValue = Literal["healthy", "degraded", "unhealthy"]
 ReasonCode = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]

@@ -1,31 +1,60 @@
 """The latest report of every node, with report ordering and per-GPU thermal hysteresis.
 
-Imports the schema and ``policy.thermal`` (the hysteresis step is a policy rule); no web.
+Imports the report structs and ``policy.thermal`` (the hysteresis step is a policy rule); no web.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
 
 from scheduler_extender.policy import thermal
-from scheduler_extender.telemetry.decode import TelemetryReport
+from scheduler_extender.report import REPORT_DECODER, Digest, TelemetryReport, digest
+
+
+class Received(msgspec.Struct, frozen=True, gc=False):
+    """One push to store: its digest, and its report or the body that decodes to it.
+
+    A push that came through the telemetry relay has a body and a digest made by the relay,
+    and is not decoded here unless its report is asked for (``NodeRecord.report``).
+    """
+
+    digest: Digest
+    body: bytes = b""
+    report: TelemetryReport | None = None
+
+    @classmethod
+    def of(cls, report: TelemetryReport) -> Received:
+        """A push whose report is decoded already."""
+        return cls(digest(report), report=report)
 
 
 class NodeRecord(msgspec.Struct, gc=False):
     """What the extender knows of one node from its agent.
 
-    Not tracked by the garbage collector, like the report it holds (see ``telemetry.decode``):
-    a record refers to nothing that refers back to it.
+    Not tracked by the garbage collector, like the report it holds (see ``report``): a record
+    refers to nothing that refers back to it.
     """
 
-    report: TelemetryReport
+    digest: Digest
     received_at: float
     """Monotonic time of the last accepted report."""
     received_wall: float
     thermal: dict[str, thermal.ThermalState] = msgspec.field(default_factory=dict)
     """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
+    body: bytes = b""
+    """The push body, until ``report`` decodes it."""
+    decoded: TelemetryReport | None = None
+
+    @property
+    def report(self) -> TelemetryReport:
+        """The full report (decoded from the body the first time it is asked for)."""
+        if self.decoded is None:
+            self.decoded = REPORT_DECODER.decode(self.body)
+            self.body = b""
+        return self.decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,30 +83,38 @@ class TelemetryStore:
         return sorted(self._records)
 
     def put(
-        self, report: TelemetryReport, now: float, wall: float, args: thermal.ThermalArgs
+        self,
+        push: Received | TelemetryReport,
+        now: float,
+        wall: float,
+        args: thermal.ThermalArgs,
     ) -> PutResult:
         """Keep the report unless it is not newer than the last one of the same agent boot.
 
         A new ``boot_id`` (agent restart) resets the ordering. Thermal state advances per GPU
         uuid, so that a GPU keeps its cool-down across re-indexing.
         """
-        previous = self._records.get(report.node)
+        if isinstance(push, TelemetryReport):
+            push = Received.of(push)
+        d = push.digest
+        previous = self._records.get(d.node)
         if previous is not None:
-            last = previous.report.agent
-            if last.boot_id == report.agent.boot_id and report.agent.seq <= last.seq:
-                return PutResult(False, f"seq {report.agent.seq} is not newer than {last.seq}")
+            last = previous.digest
+            if last.boot_id == d.boot_id and d.seq <= last.seq:
+                return PutResult(False, f"seq {d.seq} is not newer than {last.seq}")
         states = previous.thermal if previous is not None else {}
         new_states: dict[str, thermal.ThermalState] = {}
         max_c = args.max_temp_c
-        for gpu in report.gpus:
-            state = states.get(gpu.uuid, thermal.COOL)
-            temp = gpu.temperature_c
-            if state is thermal.COOL and (temp is None or temp < max_c):
-                continue  # never hot and not hot now: the step would keep it COOL
-            state = thermal.step(state, temp, now, args)
-            if state is not thermal.COOL:
-                new_states[gpu.uuid] = state
-        self._records[report.node] = NodeRecord(report, now, wall, new_states)
+        temps = d.column("temperature_c")  # NaN: not read
+        if states or any(t >= max_c for t in temps):
+            for uuid, temp in zip(d.uuids, temps, strict=True):
+                state = states.get(uuid, thermal.COOL)
+                if state is thermal.COOL and not temp >= max_c:
+                    continue  # never hot and not hot now: the step would keep it COOL
+                state = thermal.step(state, None if math.isnan(temp) else temp, now, args)
+                if state is not thermal.COOL:
+                    new_states[uuid] = state
+        self._records[d.node] = NodeRecord(d, now, wall, new_states, push.body, push.report)
         return PutResult(True)
 
     def forget(self, node: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import relay as wire
-from scheduler_extender.api import relay as relay_mod
+from scheduler_extender.api import ingest as ingest_mod, relay as relay_mod
 from scheduler_extender.api.app import create_app
 from scheduler_extender.api.relay import listen
 from scheduler_extender.cli import main as cli_main
@@ -68,6 +68,36 @@ async def test_pushes_through_the_relay_land_in_the_extender():
         metrics = (await own.get("/metrics")).text
         assert 'edgegpu_extender_telemetry_reports_total{result="ignored"} 1.0' in metrics
         assert 'edgegpu_extender_request_duration_seconds_count{verb="telemetry"} 2.0' in metrics
+
+
+@pytest.mark.parametrize("settle_s", [0.0, 0.05])
+async def test_the_relay_sends_a_valid_push_with_its_digest_and_the_extender_does_not_decode_it(
+    monkeypatch, settle_s
+):
+    made: list[Any] = []
+    admit = ingest_mod.admit
+
+    async def spy(ctx, body, client, token, digest=None):
+        made.append(digest)
+        return await admit(ctx, body, client, token, digest)
+
+    monkeypatch.setattr(ingest_mod, "admit", spy)
+    async with running() as (app, url, own):
+        state = app.state.ctx.state
+        state.settle_s = settle_s
+        good = report("edge-1", [gpu(0, temperature_c=61.0, uuid="GPU-x")], seq=5)
+        assert (await post(url, orjson.dumps(good))).json()["accepted"] is True
+        bad = report("edge-1", [gpu(0, temperature_c=500.0)], seq=6)
+        refused = await post(url, orjson.dumps(bad))
+        assert refused.status_code == 422 and refused.json()["problems"]
+        assert [d.node if d else None for d in made] == ["edge-1", None]
+        state.settle()
+        record = state.store.get("edge-1")
+        assert record.decoded is None  # stored from the digest: the body not decoded yet
+        assert state.gpu_uuids("edge-1", [0]) == ("GPU-x",)
+        node = (await own.get("/debug/nodes/edge-1")).json()
+        assert node["gpus"][0]["uuid"] == "GPU-x" and node["agent"]["seq"] == 5
+        assert record.decoded is not None
 
 
 async def test_many_pushes_at_once_each_get_their_own_answer():

@@ -1,0 +1,213 @@
+"""A telemetry push as the hot path reads it: the report's msgspec structs, and its digest.
+
+``telemetry.schema.TelemetryReport`` (pydantic) is the contract: the agent builds it, the
+OpenAPI page shows it, and it lists every problem of a refused report. The msgspec structs here
+take the same JSON with the same fields, defaults and limits in a few µs (pydantic took about
+35 µs a push); ``telemetry.decode`` adds the contract's list of problems for a refused report,
+and ``tests/extender/test_telemetry_decode.py`` holds the two definitions to each other.
+
+The store keeps the latest report of every node, so a report lives about one push interval,
+long enough to be walked by the cyclic garbage collector: with lists and GC-tracked structs,
+5,000 nodes pushing every second kept some 50,000 young objects alive, and each collection that
+walked them stopped the event loop for 6-20 ms. These structs hold no references that could
+form a cycle, so they are not tracked (``gc=False``), and their sequences are tuples (a tuple
+of untracked items leaves the collector's lists after its first collection; an empty one is
+shared). JSON is the same either way.
+
+A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
+and sequence number, labels, and one row of floats per GPU. The telemetry relay decodes each
+push and sends its digest along with the body, so that the scheduler's process stores a push
+without decoding it (the report itself is decoded from the body only when it is asked for, as
+``/debug/nodes/{name}`` does). Imports msgspec and the standard library only: the relay
+imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from datetime import datetime
+from typing import Annotated, Literal, cast
+
+import msgspec
+
+from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, Health
+
+_REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
+_NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+
+
+_Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
+_Celsius = Annotated[float, msgspec.Meta(ge=-60, le=200)]
+_Watts = Annotated[float, msgspec.Meta(ge=0, le=10_000)]
+_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+_MiB = Annotated[float, msgspec.Meta(ge=0, le=16_777_216)]
+_MHz = Annotated[float, msgspec.Meta(ge=0, le=100_000)]
+
+
+class AgentInfo(msgspec.Struct, frozen=True, gc=False):
+    """Who sent the report."""
+
+    version: Annotated[str, msgspec.Meta(max_length=64)]
+    backend: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    boot_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    seq: _NonNegInt
+
+
+class NodeHealth(msgspec.Struct, frozen=True, gc=False):
+    """Node-level health."""
+
+    driver_ok: bool | None = None
+    device_nodes_ok: bool | None = None
+    device_plugin_ok: bool | None = None
+    cuda_ctx_success_ratio: _Ratio | None = None
+
+
+class GpuProcess(msgspec.Struct, frozen=True, gc=False):
+    """A process holding GPU memory."""
+
+    pid: _NonNegInt
+    pod_uid: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    container: Annotated[str, msgspec.Meta(max_length=253)] | None = None
+    used_mib: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class GpuReport(msgspec.Struct, frozen=True, gc=False):
+    """One GPU at one moment."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
+    uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    model: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    temperature_c: _Celsius | None = None
+    power_w: _Watts | None = None
+    power_limit_w: _Watts | None = None
+    utilization_pct: _Percent | None = None
+    memory_total_mib: _MiB | None = None
+    memory_used_mib: _MiB | None = None
+    sm_clock_mhz: _MHz | None = None
+    sm_clock_max_mhz: _MHz | None = None
+    throttle_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
+    ecc_uncorrected: _NonNegInt | None = None
+    xid_last: _NonNegInt | None = None
+    health: Literal["healthy", "degraded", "unhealthy"] = "healthy"
+    health_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
+    processes: Annotated[
+        tuple[GpuProcess, ...], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)
+    ] = ()
+
+
+class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
+    """One push from one node agent: every GPU of the node."""
+
+    schema_: Literal["edgegpu.io/telemetry/v1"] = msgspec.field(name="schema")
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    agent: AgentInfo
+    sampled_at: datetime
+    interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
+    gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
+    labels: Annotated[
+        dict[
+            Annotated[str, msgspec.Meta(max_length=317)],
+            Annotated[str, msgspec.Meta(max_length=63)],
+        ],
+        msgspec.Meta(max_length=64),
+    ] = {}
+    node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for gpu in self.gpus:
+            if gpu.index in seen:
+                raise ValueError(f"gpu index {gpu.index} appears twice")
+            seen.add(gpu.index)
+
+
+REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)
+"""Decodes and validates a push body (``msgspec.ValidationError`` / ``DecodeError``)."""
+
+
+DIGEST_COLUMNS = (
+    "index",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "utilization_pct",
+    "memory_total_mib",
+    "memory_used_mib",
+    "health",
+)
+"""A digest's floats per GPU, in this order: a field the backend cannot read is NaN, health is
+``domain.Health``'s value."""
+
+_HEALTH = {h.name.lower(): float(h) for h in Health}
+_NAN = math.nan
+
+
+class Digest(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """What the extender stores of one report (``digest``)."""
+
+    node: str
+    boot_id: str
+    seq: int
+    interval_s: float
+    driver_ok: bool
+    """Neither the driver nor the device nodes reported broken."""
+    labels: dict[str, str]
+    uuids: tuple[str, ...]
+    """The GPUs' UUIDs, in report order."""
+    gpus: bytes
+    """float64 values, one row of ``DIGEST_COLUMNS`` per GPU, in report order."""
+    pods: tuple[tuple[int, str, float], ...] = ()
+    """(GPU index, pod UID, MiB used or 0) of each process that names its pod."""
+
+    def column(self, name: str) -> list[float]:
+        """One of ``DIGEST_COLUMNS`` for every GPU, in report order."""
+        width = len(DIGEST_COLUMNS)
+        view = memoryview(self.gpus).cast("d")[DIGEST_COLUMNS.index(name) :: width]
+        return cast(list[float], view.tolist())
+
+
+def _value(v: float | None) -> float:
+    return _NAN if v is None else v
+
+
+def digest(report: TelemetryReport) -> Digest:
+    """The digest of a report."""
+    rows = array("d")
+    pods: list[tuple[int, str, float]] = []
+    for g in report.gpus:
+        rows.extend(
+            (
+                g.index,
+                _value(g.temperature_c),
+                _value(g.power_w),
+                _value(g.power_limit_w),
+                _value(g.utilization_pct),
+                _value(g.memory_total_mib),
+                _value(g.memory_used_mib),
+                _HEALTH[g.health],
+            )
+        )
+        for p in g.processes:
+            if p.pod_uid:
+                pods.append((g.index, p.pod_uid, p.used_mib or 0.0))
+    health = report.node_health
+    return Digest(
+        node=report.node,
+        boot_id=report.agent.boot_id,
+        seq=report.agent.seq,
+        interval_s=report.interval_s,
+        driver_ok=health.driver_ok is not False and health.device_nodes_ok is not False,
+        labels=report.labels,
+        uuids=tuple(g.uuid for g in report.gpus),
+        gpus=rows.tobytes(),
+        pods=tuple(pods),
+    )
+
+
+def digest_body(body: bytes) -> Digest | None:
+    """The digest of a push body; None when it is not a valid report."""
+    try:
+        return digest(REPORT_DECODER.decode(body))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
