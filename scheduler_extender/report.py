@@ -18,8 +18,8 @@ A ``Digest`` is what the extender's table and ledgers take from a report: its no
 and sequence number, labels, and one row of floats per GPU. The telemetry relay decodes each
 push and sends its digest along with the body, so that the scheduler's process stores a push
 without decoding it (the report itself is decoded from the body only when it is asked for, as
-``/debug/nodes/{name}`` does). Imports msgspec and the standard library only: the relay
-imports this module.
+``/debug/nodes/{name}`` does). Imports msgspec, the standard library and ``domain`` only:
+the relay imports this module.
 """
 
 from __future__ import annotations
