@@ -460,16 +460,19 @@ def decisions_while_pushing(
     }  # fmt: skip
 
 
-def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, float]:
-    """Pushes per second at the most the pushers can send, and server CPU µs per push."""
-    cpu0 = server.cpu_s()
+def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, float, float]:
+    """Pushes per second at the most the pushers can send, and CPU µs per push: of the server's
+    processes together, and of its main process alone (ours: the scheduler's process, without
+    the relay)."""
+    cpu0, main0 = server.cpu_s(), proc_cpu_s(server.proc.pid)
     t0, ps, queue = ingest(server.push_port, nodes, seconds, rate=0.0)
     counts = [queue.get(timeout=seconds + 60) for _ in ps]
     for p in ps:
         p.join()
-    pushed = sum(counts)
-    cpu_us = (server.cpu_s() - cpu0) / max(pushed, 1) * 1e6
-    return pushed / (time.perf_counter() - t0), cpu_us
+    pushed = max(sum(counts), 1)
+    cpu_us = (server.cpu_s() - cpu0) / pushed * 1e6
+    main_us = (proc_cpu_s(server.proc.pid) - main0) / pushed * 1e6
+    return sum(counts) / (time.perf_counter() - t0), cpu_us, main_us
 
 
 # -- agent --------------------------------------------------------------------------------------
@@ -637,7 +640,7 @@ def main() -> int:
     try:
         for s in (ours, floor):
             load(s, 5000)
-        rates: dict[str, tuple[float, float]] = {}
+        rates: dict[str, tuple[float, float, float]] = {}
         for name, s in (("ours", ours), ("floor", floor), ("ours_2", ours), ("floor_2", floor)):
             rates[name] = ingest_rate(s, 5000, seconds)
 
@@ -660,6 +663,7 @@ def main() -> int:
             "ratio": round(ours_rate / floor_rate, 2),
             "server_cpu_us_per_push": round(mean("ours", 1), 1),
             "floor_server_cpu_us_per_push": round(mean("floor", 1), 1),
+            "extender_process_cpu_us_per_push": round(mean("ours", 2), 1),
             "decision_p99_ms_idle": round(idle_p99, 3), "decision_p99_ms_under_ingest": round(busy_p99, 3),
             "under_ingest_ratio": round(busy_p99 / idle_p99, 2),
             "pushes_per_s_during_decisions": round(under[5000.0]["pushes_per_s"]),
