@@ -82,20 +82,12 @@ class TelemetryStore:
         """Every node that has reported, sorted."""
         return sorted(self._records)
 
-    def put(
-        self,
-        push: Received | TelemetryReport,
-        now: float,
-        wall: float,
-        args: thermal.ThermalArgs,
-    ) -> PutResult:
+    def put(self, push: Received, now: float, wall: float, args: thermal.ThermalArgs) -> PutResult:
         """Keep the report unless it is not newer than the last one of the same agent boot.
 
         A new ``boot_id`` (agent restart) resets the ordering. Thermal state advances per GPU
         uuid, so that a GPU keeps its cool-down across re-indexing.
         """
-        if isinstance(push, TelemetryReport):
-            push = Received.of(push)
         d = push.digest
         previous = self._records.get(d.node)
         if previous is not None:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from scheduler_extender.policy.thermal import ThermalArgs
 from scheduler_extender.telemetry import decode, schema
-from scheduler_extender.telemetry.store import TelemetryStore
+from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
 
 
@@ -163,7 +163,8 @@ def test_a_stored_report_is_not_walked_by_the_garbage_collector():
     doc["gpus"][0]["throttle_reasons"] = ["sw_power_cap"]
     store = TelemetryStore()
     args = ThermalArgs.model_validate({"maxTemp": 85})
-    assert store.put(decode.decode_report(orjson.dumps(doc)), 1.0, 1.0, args).accepted
+    push = Received.of(decode.decode_report(orjson.dumps(doc)))
+    assert store.put(push, 1.0, 1.0, args).accepted
     gc.collect()  # a tuple of untracked items leaves the collector's lists at its first pass
     record = store.get("n1")
     assert record is not None

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 from scheduler_extender.policy import thermal
 from scheduler_extender.policy.thermal import COOL, ThermalArgs, ThermalState
 from scheduler_extender.telemetry.decode import report_from
-from scheduler_extender.telemetry.store import TelemetryStore
+from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
 
 ARGS = ThermalArgs.model_validate({"maxTemp": 85, "coolDownPeriod": "5m"})
@@ -113,7 +113,8 @@ def test_the_store_keeps_the_same_states_as_stepping_every_gpu(readings: list[li
     for seq, temps in enumerate(readings, start=1):
         gpus = [gpu(i, temperature_c=t, uuid=f"GPU-{i}") for i, t in enumerate(temps)]
         now = float(seq * 10)
-        assert store.put(report_from(report("n", gpus, seq=seq)), now, now, ARGS).accepted
+        push = Received.of(report_from(report("n", gpus, seq=seq)))
+        assert store.put(push, now, now, ARGS).accepted
         for i, t in enumerate(temps):
             stepped[f"GPU-{i}"] = thermal.step(stepped[f"GPU-{i}"], t, now, ARGS)
         record = store.get("n")
