@@ -284,7 +284,7 @@ class ClusterState:
         try:
             for at in range(0, changed.size, WARM_FACT_ROWS):
                 part = changed[at : at + WARM_FACT_ROWS]
-                self._verdicts.facts.take(self.table, part, self.policy, self.clock.monotonic())
+                self._verdicts.facts.refresh(self.table, part, self.policy, self.clock.monotonic())
                 yield
             parts = [changed[i : i + WARM_ROWS] for i in range(0, changed.size, WARM_ROWS)]
             for key in reversed(list(self._decisions)):

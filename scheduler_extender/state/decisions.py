@@ -78,6 +78,17 @@ class _Verdicts:
         self.gpu_sum, self.valid_until = bigger.gpu_sum, bigger.valid_until
 
 
+def distinct(rows: IntArray) -> IntArray:
+    """The rows once each.
+
+    Rows already in increasing order (a settle's, most candidate lists') come back as they
+    are: checking the order costs a fraction of sorting them.
+    """
+    if rows.size < 2 or bool((rows[1:] > rows[:-1]).all()):
+        return rows
+    return np.unique(rows)
+
+
 _FACT_ARRAYS = ("base_reason", "healthy", "excluded_until", "capacity", "open_free", "idle")
 """The ``GpuFacts`` fields kept as they are, rows first (``terms`` and ``host`` are apart)."""
 
@@ -125,17 +136,36 @@ class FactsCache:
             terms[:, :old] = self._arrays["terms"]
         self._arrays["terms"] = terms
 
+    def refresh(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> bool:
+        """Work out again the facts of the rows written since they were last; whether any was.
+
+        ``warm`` calls this alone: it wants the facts ready, not handed out.
+        """
+        if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
+            stale = self._version[rows] != table.column("settled")[rows]
+            if not stale.any():
+                return False
+            todo = distinct(rows[stale])
+        else:
+            todo = distinct(rows)
+        fresh = gpu_facts(table.gather(todo, now, policy.spec.thermal_throttling), policy)
+        self._fit_to(table, fresh)
+        a = self._arrays
+        for name in _FACT_ARRAYS:
+            a[name][todo] = getattr(fresh, name)
+        a["terms"][:, todo] = fresh.terms
+        a["host_cpu"][todo], a["host_memory"][todo] = fresh.host.cpu, fresh.host.memory
+        self._version[todo] = table.column("settled")[todo]
+        self.computed_rows += int(todo.size)
+        return True
+
     def take(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> GpuFacts:
         """The facts of these rows; rows written since they were last worked out are redone.
 
         Asked for the same rows as last time, none of them redone since, it answers the same
         facts again: a warm asks for the settled rows once per demand shape.
         """
-        if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
-            stale = self._version[rows] != table.column("settled")[rows]
-        else:
-            stale = np.ones(rows.shape[0], dtype=np.bool_)
-        redo = bool(stale.any())
+        redo = self.refresh(table, rows, policy, now)
         last = self._last
         if (
             not redo
@@ -145,17 +175,6 @@ class FactsCache:
             and (last[1] == self._version[rows]).all()
         ):
             return last[2]
-        if redo:
-            todo = np.unique(rows[stale])
-            fresh = gpu_facts(table.gather(todo, now, policy.spec.thermal_throttling), policy)
-            self._fit_to(table, fresh)
-            a = self._arrays
-            for name in _FACT_ARRAYS:
-                a[name][todo] = getattr(fresh, name)
-            a["terms"][:, todo] = fresh.terms
-            a["host_cpu"][todo], a["host_memory"][todo] = fresh.host.cpu, fresh.host.memory
-            self._version[todo] = table.column("settled")[todo]
-            self.computed_rows += int(todo.size)
         a = self._arrays
         facts = GpuFacts(
             **{name: a[name].take(rows, axis=0) for name in _FACT_ARRAYS},
@@ -216,7 +235,7 @@ class VerdictCache:
         version = table.column("settled")
         dirty = (entry.version[rows] != version[rows]) | (now >= entry.valid_until[rows])
         if dirty.any():
-            todo = np.unique(rows[dirty])
+            todo = distinct(rows[dirty])
             facts = self.facts.take(table, todo, policy, now)
             verdict = gpu_verdict(facts, demand, policy, now, mix)
             entry.reason[todo] = verdict.reason

@@ -1,5 +1,6 @@
 """The cached request path must give exactly the answers of the pure policy, always."""
 
+import itertools
 import random
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from scheduler_extender.api import verbs
 from scheduler_extender.api.app import create_app
 from scheduler_extender.k8s.translate import pod_demand
-from scheduler_extender.state.decisions import NameSet
+from scheduler_extender.state.decisions import NameSet, distinct
 from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
@@ -240,6 +241,41 @@ def test_the_same_rows_asked_again_get_the_same_facts_until_one_is_written(clock
     assert again is not first
     assert again.terms[0, 1, 0] < first.terms[0, 1, 0]  # n4 is hotter: less thermal headroom
     assert cache.take(table, rows, state.policy, now) is again
+
+
+@given(st.lists(st.integers(0, 40), max_size=30))
+def test_distinct_gives_each_row_once(rows):
+    array = np.array(rows, dtype=np.int64)
+    once = distinct(array)
+    assert sorted(once.tolist()) == sorted(set(rows))
+    if all(a < b for a, b in itertools.pairwise(rows)):
+        assert once is array  # already in order: not sorted again
+
+
+def test_refresh_redoes_only_written_rows_and_hands_nothing_out(clock):
+    _, state, _ = fleet(clock, nodes=10)
+    table, cache, now = state.table, state._verdicts.facts, clock.monotonic()
+    rows = table.rows([f"n{i}" for i in range(10)])
+    assert cache.refresh(table, rows, state.policy, now)
+    assert cache.computed_rows == 10
+    assert not cache.refresh(table, rows, state.policy, now)
+    state.ingest(report_from(report("n4", [gpu(0, temperature_c=91.0)])))
+    assert cache.refresh(table, rows[::-1], state.policy, now)  # any order
+    assert cache.computed_rows == 11
+    facts = cache.take(table, rows, state.policy, now)
+    assert cache.computed_rows == 11  # refreshed already: nothing redone
+    fresh = cache.take(table, rows, state.policy, now)
+    assert (facts.terms == fresh.terms).all()
+
+
+def test_a_candidate_list_naming_a_node_twice_is_decided_as_the_policy_says(clock):
+    _, state, _ = fleet(clock, nodes=10)
+    names = ["n3", "n1", "n3", "n7", "n1"]
+    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
+    state.ingest(report_from(report("n3", [gpu(0, temperature_c=50.0)])))
+    a, b = state.decide(names, demand), state.evaluate(names, demand)
+    assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
+    assert (a.points == b.points).all()
 
 
 def test_decide_agrees_with_evaluate_when_a_node_widens_the_table(clock):
