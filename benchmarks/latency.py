@@ -84,6 +84,8 @@ class Server:
             if Server.relay:
                 self.push_port = free_port()
                 extra += ["--ingest-port", str(self.push_port)]
+                if "--split-cpus" in (root / "scheduler_extender/cli.py").read_text():
+                    extra.append("--split-cpus")  # as manifests/ runs it (older trees lack it)
         self.proc = subprocess.Popen(
             [sys.executable, *SERVERS[kind], "--port", str(self.port), *extra],
             cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

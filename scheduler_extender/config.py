@@ -42,6 +42,13 @@ class ExtenderSettings(BaseSettings):
     ingest_nice: int = Field(
         10, ge=0, le=19, description="How much lower the relay's CPU priority is (nice)."
     )
+    split_cpus: bool = Field(
+        False,
+        description="Run the scheduler's process on a CPU of its own (the last one the process "
+        "may use) and the relay on the others, so that pushes never preempt a verb; needs "
+        "ingest_port and two CPUs or more (best: a Guaranteed pod with whole CPUs under the "
+        "kubelet's static CPU manager policy).",
+    )
     path_prefix: str = Field(
         "",
         pattern=r"^(/[A-Za-z0-9._~-]+)*$",

@@ -35,7 +35,7 @@ import ssl
 import struct
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from ssl import SSLContext
 from typing import Generic, TypeVar, cast
@@ -44,7 +44,7 @@ import httptools
 import msgspec
 
 from scheduler_extender.report import Digest, digest_body
-from scheduler_extender.serving import TELEMETRY_PATH, bearer, tune_gc
+from scheduler_extender.serving import TELEMETRY_PATH, bearer, cpu_list, tune_gc
 
 log = logging.getLogger("scheduler_extender.relay")
 
@@ -507,7 +507,7 @@ class Relay:
 
 def command(
     listen_fd: int, link_fd: int, max_bytes: int, log_level: str, nice: int,
-    certfile: str | None = None, keyfile: str | None = None,
+    certfile: str | None = None, keyfile: str | None = None, cpus: Iterable[int] | None = None,
 ) -> list[str]:  # fmt: skip
     """The command line that starts a relay on these inherited sockets."""
     cmd = [
@@ -517,7 +517,20 @@ def command(
     ]  # fmt: skip
     if certfile is not None and keyfile is not None:
         cmd += ["--ssl-certfile", certfile, "--ssl-keyfile", keyfile]
+    if cpus is not None:
+        cmd += ["--cpus", cpu_list(cpus)]
     return cmd
+
+
+def _cpus(text: str) -> frozenset[int]:
+    """``--cpus``: CPU numbers, comma-separated."""
+    try:
+        cpus = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of CPU numbers: {text!r}") from None
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError(f"not a list of CPU numbers: {text!r}")
+    return cpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-bytes", type=int, required=True)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--nice", type=int, default=0)
+    p.add_argument("--cpus", type=_cpus, help="run on these CPUs (the extender's --split-cpus)")
     p.add_argument("--ssl-certfile")
     p.add_argument("--ssl-keyfile")
     args = p.parse_args(argv)
@@ -536,6 +550,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.cpus is not None:
+        try:
+            os.sched_setaffinity(0, args.cpus)
+        except OSError as exc:  # a CPU gone offline since the extender looked: run anywhere
+            log.warning(
+                "telemetry relay: cannot run on CPU %s (%s); staying on CPU %s",
+                cpu_list(args.cpus), exc.strerror or exc, cpu_list(os.sched_getaffinity(0)),
+            )  # fmt: skip
     tls: SSLContext | None = None
     if args.ssl_certfile and args.ssl_keyfile:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -45,6 +45,7 @@ def create_app(
     state: ClusterState | None = None,
     kube: KubeApi | None = None,
     ingest_listener: socket.socket | None = None,
+    relay_cpus: frozenset[int] | None = None,
 ) -> FastAPI:
     """Build the extender app. Nothing is created at import time; tests build fresh apps.
 
@@ -117,7 +118,7 @@ def create_app(
         supervisor = None
         settling = None
         if ingest_listener is not None:
-            supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener)
+            supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener, relay_cpus)
             await supervisor.start()
         if state.settle_s > 0:
             settling = asyncio.create_task(turns.settle_loop(state, state.settle_s))

@@ -80,9 +80,13 @@ def listen(host: str, port: int, backlog: int = 4096) -> socket.socket:
 class RelaySupervisor:
     """Runs one relay process on ``listener`` and answers the pushes it passes on."""
 
-    def __init__(self, ctx: AppContext, listener: socket.socket) -> None:
+    def __init__(
+        self, ctx: AppContext, listener: socket.socket, cpus: frozenset[int] | None = None
+    ) -> None:
         self.ctx = ctx
         self.listener = listener
+        self.cpus = cpus
+        """The CPUs the relay runs on (``--split-cpus``); None: wherever the extender may."""
         self.process: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -122,7 +126,7 @@ class RelaySupervisor:
         cmd = command(
             self.listener.fileno(), theirs.fileno(), settings.max_telemetry_bytes,
             settings.log_level, settings.ingest_nice,
-            str(cert) if cert else None, str(key) if key else None,
+            str(cert) if cert else None, str(key) if key else None, self.cpus,
         )  # fmt: skip
         try:
             self.process = await asyncio.create_subprocess_exec(

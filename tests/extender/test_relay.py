@@ -29,6 +29,7 @@ from scheduler_extender.api.relay import listen
 from scheduler_extender.cli import main as cli_main
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import StaticTokenAuth
+from scheduler_extender.serving import CpuSplit, split_cpus
 from scheduler_extender.telemetry.clock import FakeClock
 from tests.builders import gpu, report
 
@@ -180,6 +181,58 @@ async def test_the_relay_runs_at_a_lower_priority_and_stops_with_the_extender():
     assert process.returncode is not None
 
 
+def allowed_cpus(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def test_the_scheduler_gets_the_last_cpu_and_the_relay_the_rest():
+    assert split_cpus({0, 1}) == CpuSplit(frozenset({1}), frozenset({0}))
+    assert split_cpus([5, 2, 9, 2]) == CpuSplit(frozenset({9}), frozenset({2, 5}))
+    assert split_cpus({3}) is None
+    assert split_cpus(()) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+async def test_a_relay_given_cpus_runs_on_them_and_a_restarted_one_too():
+    cpus = frozenset({min(os.sched_getaffinity(0))})
+    async with running(relay_cpus=cpus) as (app, url, _own):
+        supervisor = app.state.relay
+        assert (await post(url, orjson.dumps(report("a", [gpu(0)])))).status_code == 200
+        assert allowed_cpus(supervisor.process.pid) == cpus
+        first = supervisor.process
+        first.kill()
+        for _ in range(200):  # restarted by the supervisor
+            if supervisor.process is not first:
+                break
+            await asyncio.sleep(0.05)
+        assert (await post(url, orjson.dumps(report("a", [gpu(0)])))).status_code == 200
+        assert allowed_cpus(supervisor.process.pid) == cpus
+
+
+def test_split_cpus_needs_the_relay(capsys: pytest.CaptureFixture[str]):
+    assert cli_main(["--port", "1", "--split-cpus"]) == 2
+    assert "--split-cpus needs --ingest-port" in capsys.readouterr().err
+
+
+def test_a_relay_given_cpus_it_cannot_have_runs_where_it_may_and_says_so():
+    listener = listen("127.0.0.1", 0)
+    ours, theirs = socket.socketpair()
+    cmd = wire.command(listener.fileno(), theirs.fileno(), 1024, "warning", 0, cpus={4095})
+    proc = subprocess.Popen(
+        cmd, pass_fds=(listener.fileno(), theirs.fileno()), stderr=subprocess.PIPE
+    )
+    theirs.close()
+    try:
+        ours.close()  # no extender: it exits once it is up
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0
+        assert b"cannot run on CPU 4095" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+
+
 async def test_a_relay_whose_extender_is_gone_exits():
     listener = listen("127.0.0.1", 0)
     ours, theirs = socket.socketpair()
@@ -235,6 +288,17 @@ def test_the_relay_command_runs_at_the_configured_priority():
     assert cmd[1:3] == ["-m", "scheduler_extender.relay"]
     assert cmd[cmd.index("--nice") + 1] == "10"
     assert cmd[-4:] == ["--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem"]
+    assert "--cpus" not in cmd
+    cmd = wire.command(3, 4, 100, "info", 10, cpus=frozenset({3, 0, 2}))
+    assert cmd[cmd.index("--cpus") + 1] == "0,2,3"
+
+
+@pytest.mark.parametrize("bad", ["", "a", "1,-2", "1,,2"])
+def test_the_relay_refuses_a_cpu_list_that_is_not_one(bad: str, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_:
+        wire.main(["--listen-fd", "3", "--link-fd", "4", "--max-bytes", "1", "--cpus", bad])
+    assert exit_.value.code == 2
+    assert "not a list of CPU numbers" in capsys.readouterr().err
 
 
 async def test_with_settling_relayed_pushes_are_held_briefly_and_all_answered():

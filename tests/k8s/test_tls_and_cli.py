@@ -119,3 +119,29 @@ def test_a_missing_kubeconfig_exits_2_with_one_line(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "cannot load the cluster configuration" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_split_cpus_runs_the_scheduler_and_the_relay_apart():
+    """``--split-cpus``: the scheduler's process on the last CPU it may use, the relay on the
+    rest; with one CPU it says so and runs as without the flag."""
+    allowed = sorted(os.sched_getaffinity(0))
+    ingest = free_port()
+    proc, port = start("--ingest-port", str(ingest), "--split-cpus", "--log-level", "info")
+    try:
+        wait_up(f"http://127.0.0.1:{ingest}/healthz", True, proc)
+        wait_up(f"http://127.0.0.1:{port}/healthz", True, proc)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        (relay,) = (int(pid) for pid in children)
+        if len(allowed) >= 2:
+            assert os.sched_getaffinity(proc.pid) == {allowed[-1]}
+            assert os.sched_getaffinity(relay) == set(allowed[:-1])
+        else:
+            assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(relay) == set(allowed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    if len(allowed) >= 2:
+        assert f"telemetry relay on CPU {','.join(map(str, allowed[:-1]))}".encode() in err
+    else:
+        assert b"the relay shares it" in err
+    assert b"Traceback" not in err
