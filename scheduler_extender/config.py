@@ -45,9 +45,9 @@ class ExtenderSettings(BaseSettings):
     split_cpus: bool = Field(
         False,
         description="Run the scheduler's process on a CPU of its own (the last one the process "
-        "may use) and the relay on the others, so that pushes never preempt a verb; needs "
-        "ingest_port and two CPUs or more (best: a Guaranteed pod with whole CPUs under the "
-        "kubelet's static CPU manager policy).",
+        "may use) and the relay on the others, so that the relay's work never preempts a verb; "
+        "needs ingest_port and two CPUs or more (best: a Guaranteed pod with whole CPUs under "
+        "the kubelet's static CPU manager policy).",
     )
     path_prefix: str = Field(
         "",
