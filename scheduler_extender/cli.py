@@ -59,14 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, validate everything, serve."""
-    ns = _parser().parse_args(argv)
+def settings_from(ns: argparse.Namespace) -> ExtenderSettings:
+    """The settings the parsed flags give (flags win over ``EDGEGPU_*``; ValidationError)."""
     overrides: dict[str, Any] = {
         k: v for k, v in vars(ns).items() if v is not None and k != "check_policy"
     }
+    return ExtenderSettings(**overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, validate everything, serve."""
+    ns = _parser().parse_args(argv)
     try:
-        settings = ExtenderSettings(**overrides)
+        settings = settings_from(ns)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             print(
@@ -150,16 +155,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _split_cpus() -> CpuSplit | None:
     """Move this process to its CPU of the split (before any thread starts: they inherit it)."""
+    log = logging.getLogger("scheduler_extender")
     allowed = os.sched_getaffinity(0)
     cpus = split_cpus(allowed)
     if cpus is None:
-        logging.getLogger("scheduler_extender").warning(
+        log.warning(
             "--split-cpus: this process may use CPU %s only; the relay shares it",
             cpu_list(allowed),
         )
         return None
     os.sched_setaffinity(0, cpus.scheduler)
-    logging.getLogger("scheduler_extender").info(
+    log.info(
         "scheduler's process on CPU %s, telemetry relay on CPU %s",
         cpu_list(cpus.scheduler),
         cpu_list(cpus.relay),

@@ -15,7 +15,7 @@ import yaml
 
 from node_agent.config import AgentSettings
 from scheduler_extender.api.app import create_app
-from scheduler_extender.cli import _parser as extender_parser
+from scheduler_extender.cli import _parser as extender_parser, settings_from
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCE
 from scheduler_extender.policy.document import parse_policy
@@ -217,10 +217,7 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
 
 def test_the_extenders_arguments_are_flags_it_takes_and_valid_settings():
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
-    flags = vars(extender_parser().parse_args(c["args"]))
-    settings = ExtenderSettings(
-        **{k: v for k, v in flags.items() if v is not None and k != "check_policy"}
-    )
+    settings = settings_from(extender_parser().parse_args(c["args"]))
     assert settings.ingest_port is not None and settings.split_cpus and settings.settle_ms > 0
 
 
