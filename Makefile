@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test pytest lint format typecheck imports check bench bench-quick bench-ab bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check bench bench-quick bench-ab bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ venv: $(STAMP) ## create .venv and install the project with every extra
 run: $(STAMP) ## start the extender on $(HOST):$(PORT) with $(NODES) simulated node agents
 	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES)
 
-test: $(STAMP) lint typecheck imports pytest ## everything CI runs: lint, types, layers, tests
+cluster: $(STAMP) ## a real control plane with edgegpu installed and $(NODES) simulated GPU nodes (kubeconfig: .e2e/kubeconfig)
+	$(PY) -m tests.e2e.cluster --nodes $(NODES)
+
+test: $(STAMP) lint typecheck imports pytest ## lint, types, layers, unit and integration tests (no cluster)
 
 pytest: $(STAMP) ## the test suite only
 	$(PY) -m pytest
@@ -44,6 +47,10 @@ imports: $(STAMP) ## import-linter: the layer contracts in pyproject.toml
 	$(VENV)/bin/lint-imports
 
 check: test ## alias of test
+
+e2e: $(STAMP) ## the e2e suite on a real control plane built from the Kubernetes Go modules (first build: minutes)
+	bash tests/e2e/build-controlplane.sh >/dev/null
+	EDGEGPU_E2E=1 $(PY) -m pytest tests/e2e -p no:randomly $(E2E_ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)

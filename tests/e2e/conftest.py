@@ -1,0 +1,242 @@
+"""The e2e suite's cluster: a real control plane, edgegpu installed as docs/install.md says,
+two extender replicas behind one address, the project's kube-scheduler, simulated agents.
+
+Run by ``make e2e`` (EDGEGPU_E2E=1); skipped otherwise, since the first build of the control
+plane takes a quarter of an hour. Component logs are printed when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.controlplane import ControlPlane, wait_until
+from tests.e2e.edgegpu import Agent, Balancer, EdgegpuScheduler, Extender, install
+from tests.e2e.fake_kubelet import FakeKubelet
+
+E2E = os.environ.get("EDGEGPU_E2E") == "1"
+
+# name, GPUs, scenario, rack
+NODES: list[tuple[str, int, str, str]] = [
+    ("gpu-a", 4, "steady", "rack-a"),
+    ("gpu-b", 4, "steady", "rack-a"),
+    ("gpu-c", 4, "steady", "rack-b"),
+    ("hot-0", 1, "overheat", "rack-b"),
+    ("xid-0", 1, "xid-79", "rack-b"),
+]
+
+AGENT_ARGS: dict[str, list[str]] = {
+    # Steady nodes run idle (no memory in use), so that their GPUs are free to give out.
+    "steady": ["--load-pct", "0"],
+    # Without the agent's own thermal protection the blocked-airflow GPU goes past maxTemp.
+    "overheat": ["--no-power-control"],
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+            if not E2E:
+                item.add_marker(pytest.mark.skip(reason="the real control plane: make e2e"))
+
+
+@dataclass
+class Cluster:
+    """Everything the e2e tests drive."""
+
+    cp: ControlPlane
+    kubelet: FakeKubelet
+    extenders: list[Extender]
+    balancer: Balancer
+    scheduler: EdgegpuScheduler
+    agents: dict[str, Agent] = field(default_factory=dict)
+    installed: list[str] = field(default_factory=list)
+
+    def pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        *,
+        blocks: int = 0,
+        gpus: int = 0,
+        qos: str | None = None,
+        priority_class: str | None = None,
+        node_selector: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A GPU pod for the edgegpu scheduler."""
+        limits: dict[str, str] = {}
+        if blocks:
+            limits["edgegpu.io/gpu-mem-block"] = str(blocks)
+        if gpus:
+            limits["nvidia.com/gpu"] = str(gpus)
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": {}},
+            "spec": {
+                "schedulerName": "edgegpu-scheduler",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "app", "image": "example/app", "resources": {"limits": limits}}
+                ],
+            },
+        }
+        if qos:
+            pod["metadata"]["annotations"]["edgegpu.io/qos"] = qos
+        if priority_class:
+            pod["spec"]["priorityClassName"] = priority_class
+        if node_selector:
+            pod["spec"]["nodeSelector"] = node_selector
+        return pod
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create a pod."""
+        ns = obj["metadata"]["namespace"]
+        resp = self.cp.request("POST", f"/api/v1/namespaces/{ns}/pods", json=obj)
+        assert resp.status_code == 201, resp.text
+        doc: dict[str, Any] = resp.json()
+        return doc
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod, or None."""
+        return self.cp.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def wait_bound(self, namespace: str, name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Until the pod has a node."""
+
+        def bound() -> dict[str, Any] | None:
+            pod = self.get_pod(namespace, name)
+            return pod if pod and pod["spec"].get("nodeName") else None
+
+        doc: dict[str, Any] = wait_until(f"pod {namespace}/{name} bound", bound, timeout_s, 0.2)
+        return doc
+
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The events of a pod."""
+        doc = self.cp.get(
+            f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}"
+        )
+        return list((doc or {}).get("items") or [])
+
+    def namespace(self, name: str) -> str:
+        """Create a namespace (and wait for its default ServiceAccount)."""
+        self.cp.request(
+            "POST", "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": name}},
+        )  # fmt: skip
+        wait_until(
+            f"serviceaccount {name}/default",
+            lambda: self.cp.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            30.0,
+        )
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace (its pods go with it)."""
+        self.cp.request("DELETE", f"/api/v1/namespaces/{name}")
+
+    def logs(self) -> str:
+        """Every component's log tail."""
+        return self.cp.logs()
+
+
+def start_cluster(folder: Path, *, agent_interval_s: float = 1.0) -> Cluster:
+    """Start it all; the caller stops it with ``stop_cluster``."""
+    cp = ControlPlane(folder)
+    kubelet = FakeKubelet(cp)
+    extenders = [Extender(cp, f"edgegpu-extender-{i}") for i in range(2)]
+    balancer = Balancer(extenders)
+    scheduler = EdgegpuScheduler(cp, balancer.url)
+    cluster = Cluster(cp, kubelet, extenders, balancer, scheduler)
+    try:
+        cp.start()
+        kubelet.start()
+        for name, gpus, _, rack in NODES:
+            kubelet.add_node(
+                name, gpus=gpus, labels={"accelerator": "nvidia-tesla", "edgegpu.io/rack": rack}
+            )
+        cluster.installed = install(cp)
+        for ext in extenders:
+            ext.start()
+        balancer.start()
+        urls = [e.ingest_url for e in extenders]
+        for seed, (name, gpus, scenario, _) in enumerate(NODES):
+            agent = Agent(cp, name, gpus, urls, scenario=scenario, seed=seed,
+                          interval_s=agent_interval_s, extra_args=AGENT_ARGS.get(scenario, []))  # fmt: skip
+            agent.start()
+            cluster.agents[name] = agent
+        scheduler.start()
+
+        def settled() -> bool:
+            for ext in extenders:
+                rows = {r["node"]: r for r in ext.get("/debug/nodes")["nodes"]}
+                if not all(rows.get(n, {}).get("reported") for n, *_ in NODES):
+                    return False
+                if not rows["hot-0"]["gpus"][0]["hot"]:
+                    return False
+                if rows["xid-0"]["gpus"][0]["health"] != "unhealthy":
+                    return False
+            return True
+
+        # The overheating GPU warms with a 40 s time constant: this is most of the wait.
+        wait_until("every node reported to every replica, hot-0 hot, xid-0 unhealthy", settled,
+                   180.0, 1.0)  # fmt: skip
+    except BaseException:
+        stop_cluster(cluster)
+        raise
+    return cluster
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    """Stop every process and thread."""
+    cluster.scheduler.stop()
+    cluster.balancer.stop()
+    cluster.kubelet.stop()
+    cluster.cp.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    folder = Path(tempfile.mkdtemp(prefix="edgegpu-e2e-"))
+    time.monotonic()
+    c = start_cluster(folder)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+        if os.environ.get("EDGEGPU_E2E_KEEP") != "1":
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = "t-" + request.node.name.lower().replace("_", "-")[:50].strip("-")
+    cluster.namespace(name)
+    yield name
+    cluster.delete_namespace(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "cluster" in getattr(item, "funcargs", {}):
+        report.sections.append(("component logs", item.funcargs["cluster"].logs()))
+
+
+def until(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """Poll until truthy (an AssertionError names what did not happen)."""
+    try:
+        return wait_until(what, check, timeout_s, 0.25)
+    except Exception as exc:
+        raise AssertionError(str(exc)) from None

@@ -1,0 +1,275 @@
+"""A fake kubelet for the e2e control plane: it does to the API only what kubelet does.
+
+* Registers its Nodes (capacity, allocatable, a Ready condition) and keeps them alive with a
+  Lease in ``kube-node-lease`` renewed every ``heartbeat_s`` (as kubelet does; the node
+  lifecycle controller reads it). A node can be made silent, to go NotReady as a dead one does.
+* A pod bound to one of its nodes becomes Running (with a pod IP and ready containers).
+* A pod being deleted on one of its nodes is removed once its grace period has passed
+  (kubelet's final delete with grace period 0).
+
+It runs no containers: nothing else happens on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from tests.e2e.controlplane import ControlPlane
+
+log = logging.getLogger("e2e.kubelet")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeKubelet:
+    """Nodes' heartbeats and pod lifecycles, for every node it registered."""
+
+    def __init__(self, cp: ControlPlane, heartbeat_s: float = 5.0) -> None:
+        self.cp = cp
+        self.heartbeat_s = heartbeat_s
+        self.nodes: dict[str, bool] = {}
+        """Node name → whether it still heartbeats."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._deleting: set[str] = set()
+        self._ips = 0
+        self.started_pods = 0
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def add_node(
+        self,
+        name: str,
+        *,
+        gpus: int,
+        labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+    ) -> None:
+        """Register a Node, Ready, with ``gpus`` whole GPUs advertised."""
+        resources = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **(labels or {}),
+                },
+            },
+            "spec": {"taints": taints or []},
+        }
+        with self.cp.client() as c:
+            resp = c.post("/api/v1/nodes", json=node)
+            if resp.status_code not in (201, 409):
+                raise RuntimeError(f"create node {name}: {resp.status_code} {resp.text[:300]}")
+            status = {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": [self._ready_condition(True)],
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "nodeInfo": {
+                        "kubeletVersion": "e2e-fake",
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                    },
+                }
+            }
+            self._patch(c, f"/api/v1/nodes/{name}/status", status)
+        with self._lock:
+            self.nodes[name] = True
+        self._renew_lease(name)
+
+    def silence(self, name: str, silent: bool = True) -> None:
+        """Stop (or resume) a node's heartbeats, as when its kubelet dies."""
+        with self._lock:
+            self.nodes[name] = not silent
+        if not silent:
+            with self.cp.client() as c:
+                self._patch(
+                    c,
+                    f"/api/v1/nodes/{name}/status",
+                    {"status": {"conditions": [self._ready_condition(True)]}},
+                )
+            self._renew_lease(name)
+
+    @staticmethod
+    def _ready_condition(ready: bool) -> dict[str, str]:
+        return {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "reason": "KubeletReady" if ready else "KubeletNotReady",
+            "message": "fake kubelet is posting ready status",
+            "lastHeartbeatTime": _stamp(),
+            "lastTransitionTime": _stamp(),
+        }
+
+    @staticmethod
+    def _patch(c: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
+        return c.patch(
+            path,
+            content=json.dumps(body),
+            headers={"content-type": "application/strategic-merge-patch+json"},
+        )
+
+    def _renew_lease(self, node: str) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}"
+        with self.cp.client() as c:
+            resp = c.patch(
+                path,
+                content=json.dumps({"spec": {"renewTime": _now()}}),
+                headers={"content-type": "application/merge-patch+json"},
+            )
+            if resp.status_code == 404:
+                c.post(
+                    "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                    json={
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": node, "namespace": "kube-node-lease"},
+                        "spec": {
+                            "holderIdentity": node,
+                            "leaseDurationSeconds": 40,
+                            "renewTime": _now(),
+                        },
+                    },
+                )
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            with self._lock:
+                alive = [n for n, beating in self.nodes.items() if beating]
+            for node in alive:
+                try:
+                    self._renew_lease(node)
+                except httpx.HTTPError as exc:
+                    log.warning("lease of %s: %s", node, exc)
+
+    # -- pods -------------------------------------------------------------------------------------
+    def _pods(self) -> None:
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                with self.cp.client(timeout_s=90.0) as c:
+                    if not rv:
+                        doc = c.get("/api/v1/pods").json()
+                        rv = doc["metadata"]["resourceVersion"]
+                        for pod in doc.get("items") or []:
+                            self._pod(c, pod)
+                    params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "60",
+                              "allowWatchBookmarks": "true"}  # fmt: skip
+                    with c.stream("GET", "/api/v1/pods", params=params) as resp:
+                        for line in resp.iter_lines():
+                            if self._stop.is_set():
+                                return
+                            if not line:
+                                continue
+                            event = json.loads(line)
+                            obj = event.get("object") or {}
+                            if event.get("type") == "ERROR":
+                                rv = ""  # too old: list again
+                                break
+                            rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                            if event.get("type") in ("ADDED", "MODIFIED"):
+                                self._pod(c, obj)
+            except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+                if not self._stop.is_set():
+                    log.warning("pod watch: %s", exc)
+                    time.sleep(0.5)
+
+    def _pod(self, c: httpx.Client, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        with self._lock:
+            if node not in self.nodes:
+                return
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        if meta.get("deletionTimestamp"):
+            if uid in self._deleting:
+                return
+            self._deleting.add(uid)
+            grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+            timer = threading.Timer(grace, self._delete, (ns, name, uid))
+            timer.daemon = True
+            timer.start()
+            return
+        status = pod.get("status") or {}
+        if status.get("phase") not in (None, "Pending"):
+            return
+        self._ips += 1
+        ip = f"10.244.{self._ips // 250}.{self._ips % 250 + 1}"
+        containers = [c_["name"] for c_ in pod["spec"].get("containers") or []]
+        ready = {"lastProbeTime": None, "lastTransitionTime": _stamp(), "status": "True"}
+        body = {
+            "status": {
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "startTime": _stamp(),
+                "conditions": [
+                    {"type": t, **ready}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": [
+                    {
+                        "name": cname,
+                        "ready": True,
+                        "started": True,
+                        "restartCount": 0,
+                        "image": "fake",
+                        "imageID": "fake",
+                        "state": {"running": {"startedAt": _stamp()}},
+                    }
+                    for cname in containers
+                ],
+            }
+        }
+        resp = self._patch(c, f"/api/v1/namespaces/{ns}/pods/{name}/status", body)
+        if resp.status_code == 200:
+            self.started_pods += 1
+        elif resp.status_code != 404:
+            log.warning("pod %s/%s status: %s %s", ns, name, resp.status_code, resp.text[:200])
+
+    def _delete(self, ns: str, name: str, uid: str) -> None:
+        try:
+            with self.cp.client() as c:
+                c.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{ns}/pods/{name}",
+                    json={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+                )
+        except httpx.HTTPError as exc:
+            log.warning("delete pod %s/%s: %s", ns, name, exc)
+        finally:
+            self._deleting.discard(uid)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start heartbeats and the pod watch."""
+        for target in (self._heartbeats, self._pods):
+            t = threading.Thread(target=target, name=f"fake-kubelet-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop both loops."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2.0)

@@ -1,0 +1,83 @@
+"""GPU pods through the real kube-scheduler and the extender: placement, annotations, events."""
+
+from __future__ import annotations
+
+import time
+
+from tests.e2e.conftest import Cluster, until
+
+COOL = {"gpu-a", "gpu-b", "gpu-c"}
+
+
+def test_the_documented_install_ran_and_the_policy_is_accepted(cluster: Cluster) -> None:
+    assert cluster.installed[0].startswith("kubectl apply -f manifests/crd/")
+    assert any(c == "kubectl apply -k manifests/" for c in cluster.installed)
+
+    def accepted() -> bool:
+        doc = cluster.cp.get("/apis/kepler.io/v1/gpuschedulingpolicies/edge-gpu-policy") or {}
+        conds = (doc.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Accepted" and c["status"] == "True" for c in conds)
+
+    until("policy Accepted=True", accepted)
+    # The policy is cluster-scoped: the install must not have stamped a namespace on it.
+    doc = cluster.cp.get("/apis/kepler.io/v1/gpuschedulingpolicies/edge-gpu-policy") or {}
+    assert "namespace" not in doc["metadata"]
+    # The scheduler's RoleBinding to read the authentication ConfigMap stays in kube-system.
+    assert cluster.cp.get(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/"
+        "edgegpu-scheduler-extension-apiserver-authentication-reader"
+    )
+
+
+def test_pods_of_every_qos_class_bind_with_their_gpu_annotations(cluster: Cluster, ns: str) -> None:
+    specs = {
+        "rt": {"gpus": 1, "qos": "realtime"},
+        "train": {"gpus": 1, "qos": "training"},
+        "infer": {"blocks": 1, "qos": "inference"},
+        "be": {"blocks": 2, "qos": "best-effort"},
+    }
+    for name, spec in specs.items():
+        cluster.create(cluster.pod(name, ns, **spec))  # type: ignore[arg-type]
+    for name in specs:
+        pod = cluster.wait_bound(ns, name)
+        node = pod["spec"]["nodeName"]
+        notes = pod["metadata"].get("annotations") or {}
+        assert node in COOL, f"{name} went to {node}"
+        assert notes.get("edgegpu.io/gpu-index", "").isdigit(), notes
+        assert notes.get("edgegpu.io/gpu-uuid", "").startswith("GPU-"), notes
+        assert notes.get("edgegpu.io/assigned-at", "").endswith("Z"), notes
+    # The fake kubelet runs bound pods, as a kubelet would.
+    until("pods Running", lambda: all(
+        (cluster.get_pod(ns, n) or {}).get("status", {}).get("phase") == "Running" for n in specs
+    ))  # fmt: skip
+
+
+def test_hot_and_unhealthy_gpus_are_avoided_with_our_reasons_in_events(
+    cluster: Cluster, ns: str
+) -> None:
+    # Only the hot and the XID nodes are allowed: the pod cannot be placed, and says why.
+    cluster.create(cluster.pod("stuck", ns, blocks=1, node_selector={"edgegpu.io/rack": "rack-b"}))
+    # rack-b also holds gpu-c, a cool node: the pod must land there, never on hot-0 or xid-0.
+    pod = cluster.wait_bound(ns, "stuck")
+    assert pod["spec"]["nodeName"] == "gpu-c"
+
+    # Without gpu-c (cordoned by the test), nothing in rack-b can take it.
+    cluster.cp.kubectl("cordon", "gpu-c")
+    try:
+        cluster.create(
+            cluster.pod("nowhere", ns, blocks=1, node_selector={"edgegpu.io/rack": "rack-b"})
+        )
+
+        def reasons() -> str:
+            failed = [e for e in cluster.events(ns, "nowhere") if e["reason"] == "FailedScheduling"]
+            return " ".join(e.get("message", "") for e in failed)
+
+        text = until("FailedScheduling with edgegpu's reasons", reasons)
+        assert "edgegpu: gpu too hot" in text
+        assert "edgegpu: every gpu is unhealthy" in text
+        time.sleep(1.0)
+        assert not (cluster.get_pod(ns, "nowhere") or {})["spec"].get("nodeName")
+    finally:
+        cluster.cp.kubectl("uncordon", "gpu-c")
+    # Once gpu-c takes pods again, the pending pod binds there.
+    assert cluster.wait_bound(ns, "nowhere", 60.0)["spec"]["nodeName"] == "gpu-c"
