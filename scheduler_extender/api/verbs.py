@@ -6,16 +6,19 @@ becomes an answer the scheduler understands; nothing raises out of these functio
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
 from scheduler_extender.errors import BindError, RequestError
 from scheduler_extender.k8s import translate, wire
+from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.policy.base import REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
 from scheduler_extender.policy.qos import TERMS
@@ -38,6 +41,8 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
     try:
         args = wire.parse_extender_args(body, "filter")
         demand = _demand(ctx, args.pod)
+        if ctx.state.reserved(demand.uid):
+            ctx.state.release(demand.uid)  # filtered again: the cycle that reserved did not bind
         names = args.candidates()
         decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
@@ -78,8 +83,11 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         names = args.candidates()
         decision = ctx.state.decide(names, demand, args.labels(), args.raw_names, verb="prioritize")
         if decision.nameset is not None and args.raw_names is not None:
-            return decision.nameset.priorities(decision.points, demand_key(demand))
-        return wire.encode_priorities(names, decision.points.tolist())
+            answer = decision.nameset.priorities(decision.points, demand_key(demand))
+        else:
+            answer = wire.encode_priorities(names, decision.points.tolist())
+        _reserve_best(ctx, demand, names, decision.passed, decision.points)
+        return answer
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
         ctx.metrics.request_errors.labels("prioritize", "malformed").inc()
@@ -88,6 +96,30 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         ctx.metrics.request_errors.labels("prioritize", "internal").inc()
         log.exception("prioritize: internal error")
     return b"[]"
+
+
+def _reserve_best(
+    ctx: AppContext,
+    demand: PodDemand,
+    names: list[str],
+    passed: npt.NDArray[np.bool_],
+    points: npt.NDArray[np.int64],
+) -> None:
+    """Reserve the pod's GPUs on the node it scores best on, the scheduler's likely choice.
+
+    Only where binds come (a cluster), and not for a pod that holds GPUs already (bound, or
+    read back from its annotations). Bind takes the reservation over, or moves it to the node
+    the scheduler chose instead.
+    """
+    if ctx.binder is None or not demand.wants_gpu or not passed.any():
+        return
+    state = ctx.state
+    if state.allocations.get(demand.uid) is not None and not state.reserved(demand.uid):
+        return
+    best = names[int(np.argmax(np.where(passed, points, -1)))]
+    assignment, _ = choose_assignment(ctx, demand, best)
+    if assignment is not None:
+        state.reserve(assignment)
 
 
 def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
@@ -187,6 +219,31 @@ def choose_assignment(
     )
 
 
+async def _bind_demand(ctx: AppContext, args: wire.BindingArgs) -> PodDemand | None:
+    """What the pod asks for: remembered from its filter, else read from the cluster.
+
+    A bind may reach a replica (or a restarted process) that never saw the pod's filter: the
+    pod comes from the watch cache, or from the API server when the watch has not seen it yet.
+    """
+    demand = ctx.state.demand_of(args.pod_uid) if args.pod_uid else None
+    if demand is not None or ctx.sync is None:
+        return demand
+    pod = ctx.sync.pods.get((args.pod_namespace, args.pod_name))
+    if pod is None or (args.pod_uid and pod["metadata"].get("uid") != args.pod_uid):
+        try:
+            pod = await asyncio.to_thread(ctx.sync.api.get_pod, args.pod_namespace, args.pod_name)
+        except KubeError as exc:
+            log.info("bind: pod %s/%s: %s", args.pod_namespace, args.pod_name, exc)
+            return None
+    if args.pod_uid and pod["metadata"].get("uid") != args.pod_uid:
+        return None  # deleted and created again under the same name: not the pod to bind
+    try:
+        return _demand(ctx, pod)
+    except RequestError as exc:
+        log.info("bind: %s", exc)
+        return None
+
+
 async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
     """``POST /bind``: choose the GPUs, record them, then have the binder create the Binding."""
     try:
@@ -194,12 +251,17 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
     except RequestError as exc:
         ctx.metrics.binds.labels("malformed").inc()
         return wire.encode_binding_result(str(exc))
-    demand = ctx.state.demand_of(args.pod_uid) if args.pod_uid else None
+    demand = await _bind_demand(ctx, args)
     if demand is None:
         ctx.metrics.binds.labels("unknown_pod").inc()
+        if ctx.sync is None:
+            return wire.encode_binding_result(
+                f"edgegpu: pod {args.pod_namespace}/{args.pod_name} was never filtered by this "
+                "extender; configure filterVerb together with bindVerb"
+            )
         return wire.encode_binding_result(
-            f"edgegpu: pod {args.pod_namespace}/{args.pod_name} was never filtered by this "
-            "extender; configure filterVerb together with bindVerb"
+            f"edgegpu: pod {args.pod_namespace}/{args.pod_name} (uid {args.pod_uid}) is not in "
+            "the cluster"
         )
     try:
         assignment, why = choose_assignment(ctx, demand, args.node)
@@ -219,7 +281,10 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
             )
         # A retried bind finds the assignment already recorded (perhaps read back from the
         # pod, and so authoritative): keep it as it is. A pod without GPUs has none to record.
-        added = demand.wants_gpu and ctx.state.allocations.get(assignment.pod_uid) != assignment
+        added = demand.wants_gpu and (
+            ctx.state.allocations.get(assignment.pod_uid) != assignment
+            or ctx.state.reserved(assignment.pod_uid)
+        )
         if added:
             ctx.state.assign(assignment)
         try:

@@ -78,11 +78,12 @@ _TEXT: Final = {
     Reason.NO_FREE_GPUS: "edgegpu: not enough free whole gpus",
 }
 
-# Hot and cooling GPUs will cool; busy GPUs can be freed by preemption. Missing or stale
-# telemetry, absent hardware and unhealthy GPUs cannot be fixed by evicting pods.
-_RESOLVABLE: Final = frozenset(
-    {Reason.GPU_HOT, Reason.GPU_COOLING_DOWN, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS}
-)
+# Hot and cooling GPUs will cool; whole GPUs held by pods can be freed by preemption. Missing
+# or stale telemetry, absent hardware and unhealthy GPUs cannot be fixed by evicting pods. Nor,
+# for kube-scheduler, can a shortage of memory blocks: nodes do not advertise the blocks, so its
+# preemption dry run never finds victims for them, and a resolvable verdict only makes it
+# nominate the pod and retry at once, again and again. The pod waits for room instead.
+_RESOLVABLE: Final = frozenset({Reason.GPU_HOT, Reason.GPU_COOLING_DOWN, Reason.NO_FREE_GPUS})
 
 REASON_TEXT: Final = np.array([_TEXT[r] for r in Reason], dtype=object)
 """Reason text by code, for turning a whole array of codes into messages at once."""

@@ -49,6 +49,8 @@ from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, TelemetryStore
 
 DEMAND_CACHE_SIZE = 16_384
+RESERVE_TTL_S = 5.0
+"""How long GPUs held for a pod between prioritize and its bind stay held without the bind."""
 
 
 DECISION_MEMO_SIZE = 64
@@ -208,6 +210,8 @@ class ClusterState:
         self.host = HostLedger()
         self._node_labels: dict[str, Mapping[str, str]] = {}
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
+        self._reserved: set[str] = set()
+        """Pods whose assignment is a reservation made at prioritize, not yet bound."""
         self._verdicts = VerdictCache()
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
@@ -366,20 +370,40 @@ class ClusterState:
             if authoritative
             else (self.clock.monotonic() + self.policy.spec.memory.assume_ttl_s)
         )
+        self._reserved.discard(assignment.pod_uid)
+        self._hold(assignment, expires)
+
+    def reserve(self, assignment: Assignment) -> None:
+        """Hold GPUs for a pod from its prioritize until its bind (``RESERVE_TTL_S`` at most).
+
+        kube-scheduler binds in the background while it already filters the next pod: without
+        the hold, that pod's filter would still see the GPUs free and its bind be refused.
+        """
+        self._reserved.add(assignment.pod_uid)
+        self._hold(assignment, self.clock.monotonic() + RESERVE_TTL_S)
+
+    def reserved(self, pod_uid: str) -> bool:
+        """Whether the pod's assignment is a reservation (prioritized, not bound yet)."""
+        return pod_uid in self._reserved and self.allocations.get(pod_uid) is not None
+
+    def _hold(self, assignment: Assignment, expires: float | None) -> None:
         moved_from = self.allocations.add(assignment, expires)
         for node in {assignment.node, moved_from} - {None}:
             self._write_allocations(str(node))
 
     def release(self, pod_uid: str) -> None:
         """Free a pod's GPUs (bind failed, pod deleted)."""
+        self._reserved.discard(pod_uid)
         node = self.allocations.remove(pod_uid)
         if node is not None:
             self._write_allocations(node)
 
     def expire(self) -> None:
-        """Drop assumed assignments whose time is up."""
+        """Drop assumed assignments and reservations whose time is up."""
         for node in self.allocations.expire(self.clock.monotonic()):
             self._write_allocations(node)
+        if self._reserved:
+            self._reserved = {u for u in self._reserved if self.allocations.get(u) is not None}
 
     # -- decisions --------------------------------------------------------------------------
     def batch(

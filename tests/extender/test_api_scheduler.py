@@ -183,7 +183,7 @@ async def test_bind_records_the_assignment_so_the_next_pod_sees_the_blocks_taken
             )
             assert resp.json() == {"Error": ""}
         resp = await client.post("/filter", json=args_names(pod("p3", blocks=1), ["a"]))
-        assert resp.json()["FailedNodes"] == {
+        assert resp.json()["FailedAndUnresolvableNodes"] == {
             "a": "edgegpu: not enough free gpu-mem-blocks on one gpu"
         }
         assert [a.gpu_indices for a in binder.calls] == [(0,), (0,)]

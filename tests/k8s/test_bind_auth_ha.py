@@ -227,3 +227,58 @@ def test_eviction_honours_pod_disruption_budgets(kube, kubeconfig):
     with pytest.raises(KubeError) as gone:
         api.evict_pod("default", "batch-0")
     assert gone.value.status == 404
+
+
+async def test_bind_without_a_filter_on_this_process_reads_the_pod_from_the_cluster(
+    kube, kubeconfig
+):
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+        app.state.ctx.state.ingest(report_from(report("n1", [gpu(0, uuid="GPU-only")])))
+        kube.add_node("n1")
+        kube.add_pod("p1", uid="uid-p1", limits={"edgegpu.io/gpu-mem-block": "1"})
+        # Never filtered here (another replica did, or this process restarted since).
+        assert (await client.post("/bind", json=bind_body("p1", "n1"))).json() == {"Error": ""}
+        stored = kube.get("pods", "p1")
+        assert stored["spec"]["nodeName"] == "n1"
+        assert stored["metadata"]["annotations"]["edgegpu.io/gpu-uuid"] == "GPU-only"
+        # A uid that is not the pod's (deleted and created again) is refused, not bound.
+        kube.add_pod("p2", uid="uid-p2-new", limits={"edgegpu.io/gpu-mem-block": "1"})
+        resp = await client.post("/bind", json=bind_body("p2", "n1", uid="uid-p2-old"))
+        assert "is not in the cluster" in resp.json()["Error"]
+        assert not kube.get("pods", "p2")["spec"].get("nodeName")
+
+
+async def test_prioritize_reserves_the_best_node_until_bind_so_the_next_filter_sees_it(
+    kube, kubeconfig
+):
+    async with running_extender(kubeconfig) as (app, client):
+        await ready(app)
+        # One GPU with room for exactly one 2-block pod (8192 MiB / 4096).
+        app.state.ctx.state.ingest(report_from(report("n1", [gpu(0, memory_total_mib=8192.0)])))
+        kube.add_node("n1")
+        state = app.state.ctx.state
+        for name in ("a", "b"):
+            kube.add_pod(name, uid=f"uid-{name}", limits={"edgegpu.io/gpu-mem-block": "2"})
+        first = args_names(pod("a", blocks=2), ["n1"])
+        assert (await client.post("/filter", json=first)).json()["NodeNames"] == ["n1"]
+        assert (await client.post("/prioritize", json=first)).json()[0]["Host"] == "n1"
+        assert state.reserved("uid-a")
+        # The scheduler filters the next pod before it has bound the first: the GPU is held.
+        second = args_names(pod("b", blocks=2), ["n1"])
+        body = (await client.post("/filter", json=second)).json()
+        assert body["FailedAndUnresolvableNodes"] == {
+            "n1": "edgegpu: not enough free gpu-mem-blocks on one gpu"
+        }
+        # The bind takes the reservation over: an assumed assignment, no longer a reservation.
+        assert (await client.post("/bind", json=bind_body("a", "n1"))).json() == {"Error": ""}
+        assert not state.reserved("uid-a")
+        assert state.allocations.get("uid-a").node == "n1"
+        # A pod filtered again (its cycle did not bind) gives its reservation up.
+        kube.delete("pods", "a")
+        await eventually(lambda: state.allocations.get("uid-a") is None)
+        assert (await client.post("/filter", json=second)).json()["NodeNames"] == ["n1"]
+        await client.post("/prioritize", json=second)
+        assert state.reserved("uid-b")
+        await client.post("/filter", json=second)
+        assert not state.reserved("uid-b") and state.allocations.get("uid-b") is None

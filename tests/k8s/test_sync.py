@@ -175,7 +175,7 @@ async def test_pods_bound_with_annotations_hold_their_gpus_until_deleted(kube, k
         state = app.state.ctx.state
         await eventually(lambda: state.allocations.get("uid-holder") is not None)
         filt = args_names(pod("new", blocks=1), ["n1"])
-        assert (await client.post("/filter", json=filt)).json()["FailedNodes"] == {
+        assert (await client.post("/filter", json=filt)).json()["FailedAndUnresolvableNodes"] == {
             "n1": "edgegpu: not enough free gpu-mem-blocks on one gpu"
         }
         assert state.allocations.expires_at("uid-holder") is None  # authoritative, no TTL
