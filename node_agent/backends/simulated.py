@@ -204,7 +204,8 @@ class SimulatedBackend:
         if self.scenario == "ecc" and index == 0 and self._in_fault():
             gpu.ecc_uncorrected = max(gpu.ecc_uncorrected, 2)
         m = gpu.model
-        used = 300.0 + (util / 100.0) * 0.6 * m.memory_mib
+        # Memory follows the work's size (its base load), not the moment's utilisation noise.
+        used = 300.0 + (gpu.base_util_pct / 100.0) * 0.6 * m.memory_mib
         unsupported = self.scenario == "unsupported-fields"
         return GpuReading(
             index=index,
