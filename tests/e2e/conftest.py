@@ -150,8 +150,12 @@ class Cluster:
         return self.cp.logs()
 
 
-def start_cluster(folder: Path, *, agent_interval_s: float = 1.0) -> Cluster:
-    """Start it all; the caller stops it with ``stop_cluster``."""
+def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool = True) -> Cluster:
+    """Start it all; the caller stops it with ``stop_cluster``.
+
+    Returns once every node has reported to every replica and, with ``settle``, once hot-0's
+    GPU is hot and xid-0's unhealthy there (the suite's tests count on both).
+    """
     cp = ControlPlane(folder)
     kubelet = FakeKubelet(cp)
     extenders = [Extender(cp, f"edgegpu-extender-{i}") for i in range(2)]
@@ -182,6 +186,8 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0) -> Cluster:
                 rows = {r["node"]: r for r in ext.get("/debug/nodes")["nodes"]}
                 if not all(rows.get(n, {}).get("reported") for n, *_ in NODES):
                     return False
+                if not settle:
+                    continue
                 if not rows["hot-0"]["gpus"][0]["hot"]:
                     return False
                 if rows["xid-0"]["gpus"][0]["health"] != "unhealthy":
@@ -232,6 +238,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report = outcome.get_result()
     if report.failed and "cluster" in getattr(item, "funcargs", {}):
         report.sections.append(("component logs", item.funcargs["cluster"].logs()))
+
+
+@pytest.fixture
+def say(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
+    """Print a measured figure to the terminal, past pytest's capture."""
+
+    def _say(line: str) -> None:
+        with capsys.disabled():
+            print(line, flush=True)
+
+    return _say
 
 
 def until(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:

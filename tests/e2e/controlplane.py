@@ -338,6 +338,13 @@ class ControlPlane:
         token: str = resp.json()["status"]["token"]
         return token
 
+    def retire(self, proc: Process | None) -> None:
+        """Stop one process of the run and forget it."""
+        if proc is not None:
+            proc.stop()
+            if proc in self.processes:
+                self.processes.remove(proc)
+
     def logs(self) -> str:
         """The tail of every component's log, for a failed test's report."""
         return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail()}" for p in self.processes)

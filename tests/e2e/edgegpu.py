@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import uvicorn
 import yaml
 
@@ -151,15 +152,25 @@ class Extender:
 
     def stop(self) -> None:
         """Stop the replica (SIGTERM)."""
-        if self.process is not None:
-            self.process.stop()
-            if self.process in self.cp.processes:
-                self.cp.processes.remove(self.process)
-            self.process = None
+        self.cp.retire(self.process)
+        self.process = None
 
     def get(self, path: str) -> Any:
         """GET a JSON endpoint of this replica."""
         return httpx.get(f"{self.url}{path}", timeout=5.0).json()
+
+
+def _pod_name(body: bytes) -> str:
+    """The pod a scheduler request is about ("" when the body does not say)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    if "PodName" in doc:
+        return str(doc["PodName"])
+    return str(((doc.get("Pod") or {}).get("metadata") or {}).get("name", ""))
 
 
 class Balancer:
@@ -178,8 +189,8 @@ class Balancer:
         self.port = free_port()
         self.split_bind = False
         self.before_bind: Callable[[int], None] | None = None
-        self.served: list[tuple[str, str]] = []
-        """(path, replica name) of every request forwarded."""
+        self.served: list[tuple[str, str, str]] = []
+        """(path, replica name, pod name) of every request forwarded."""
         self._sticky = 0
         self._turn = itertools.count()
         self._last_filter = 0
@@ -230,7 +241,7 @@ class Balancer:
                 self._last_filter = i
             if not self.split_bind:
                 self._sticky = i
-            self.served.append((path, replica.name))
+            self.served.append((path, replica.name, _pod_name(body)))
             status = resp.status_code
             headers = [(b"content-type", resp.headers.get("content-type", "").encode())]
             content = resp.content
@@ -280,6 +291,9 @@ class EdgegpuScheduler:
         for ext in doc["extenders"]:
             ext["urlPrefix"] = re.sub(r"^https?://[^/]+", self.extender_url, ext["urlPrefix"])
             ext.update(self.overrides)
+        if self.name != "edgegpu-scheduler":  # a second one: its own profile and Lease
+            doc["profiles"][0]["schedulerName"] = self.name
+            doc["leaderElection"]["resourceName"] = self.name
         doc["clientConnection"] = {
             "kubeconfig": str(self.cp.folder / "edgegpu-scheduler.kubeconfig")
         }
@@ -323,11 +337,8 @@ class EdgegpuScheduler:
 
     def stop(self) -> None:
         """Stop it."""
-        if self.process is not None:
-            self.process.stop()
-            if self.process in self.cp.processes:
-                self.cp.processes.remove(self.process)
-            self.process = None
+        self.cp.retire(self.process)
+        self.process = None
 
 
 @dataclass
@@ -377,8 +388,5 @@ class Agent:
 
     def stop(self) -> None:
         """Stop the agent (its node goes stale on the extender)."""
-        if self.process is not None:
-            self.process.stop()
-            if self.process in self.cp.processes:
-                self.cp.processes.remove(self.process)
-            self.process = None
+        self.cp.retire(self.process)
+        self.process = None

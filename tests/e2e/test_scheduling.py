@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tests.e2e.conftest import Cluster, until
+from tests.e2e.edgegpu import Agent, EdgegpuScheduler
 
 COOL = {"gpu-a", "gpu-b", "gpu-c"}
 
@@ -81,3 +82,80 @@ def test_hot_and_unhealthy_gpus_are_avoided_with_our_reasons_in_events(
         cluster.cp.kubectl("uncordon", "gpu-c")
     # Once gpu-c takes pods again, the pending pod binds there.
     assert cluster.wait_bound(ns, "nowhere", 60.0)["spec"]["nodeName"] == "gpu-c"
+
+
+def test_nodecachecapable_false_sends_and_gets_whole_nodes(cluster: Cluster, ns: str) -> None:
+    full = EdgegpuScheduler(
+        cluster.cp, cluster.balancer.url, name="edgegpu-full-nodes",
+        overrides={"nodeCacheCapable": False},
+    )  # fmt: skip
+    full.start()
+    try:
+        pod = cluster.pod("full", ns, blocks=1)
+        pod["spec"]["schedulerName"] = "edgegpu-full-nodes"
+        cluster.create(pod)
+        bound = cluster.wait_bound(ns, "full")
+        assert bound["spec"]["nodeName"] in COOL
+        assert bound["metadata"]["annotations"]["edgegpu.io/gpu-index"].isdigit()
+    finally:
+        full.stop()
+
+
+def test_a_silent_node_is_stale_for_training_pods_until_its_agent_is_back(
+    cluster: Cluster, ns: str
+) -> None:
+    agent = cluster.agents["gpu-c"]
+    agent.stop()
+    try:
+
+        def silent() -> bool:
+            return all(
+                next(r for r in e.get("/debug/nodes")["nodes"] if r["node"] == "gpu-c")["stale"]
+                for e in cluster.extenders
+            )
+
+        until("gpu-c stale on every replica (3 report intervals)", silent)
+        # rack-b: gpu-c (now silent), hot-0 (hot), xid-0 (unhealthy).
+        cluster.create(cluster.pod("trainer", ns, blocks=1, qos="training",
+                                   node_selector={"edgegpu.io/rack": "rack-b"}))  # fmt: skip
+
+        def stale() -> str:
+            failed = [e for e in cluster.events(ns, "trainer") if e["reason"] == "FailedScheduling"]
+            text = " ".join(e.get("message", "") for e in failed)
+            return text if "edgegpu: gpu telemetry is stale" in text else ""
+
+        until("FailedScheduling: gpu telemetry is stale", stale)
+        assert not (cluster.get_pod(ns, "trainer") or {})["spec"].get("nodeName")
+    finally:
+        agent.start()
+    assert cluster.wait_bound(ns, "trainer", 60.0)["spec"]["nodeName"] == "gpu-c"
+
+
+def test_a_gpu_that_was_hot_stays_out_while_it_cools_down(cluster: Cluster, ns: str) -> None:
+    # Last in the suite: hot-0 is left cooling down. Its agent restarts with the load gone
+    # (the same GPU, same UUID): the GPU is below maxTemp but within coolDownPeriod.
+    hot = cluster.agents["hot-0"]
+    hot.stop()
+    cooler = Agent(cluster.cp, "hot-0", 1, hot.extender_urls, seed=hot.seed,
+                   interval_s=hot.interval_s, extra_args=["--load-pct", "0"])  # fmt: skip
+    cooler.start()
+    cluster.agents["hot-0"] = cooler
+
+    def cooling() -> bool:
+        rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
+        gpu = rows["hot-0"]["gpus"][0]
+        return not gpu["hot"] and gpu["cool_down_until"] is not None
+
+    until("hot-0 below maxTemp and cooling down", cooling)
+    cluster.create(cluster.pod("cool-seeker", ns, blocks=1, node_selector=on("hot-0")))
+
+    def reason() -> str:
+        failed = [e for e in cluster.events(ns, "cool-seeker") if e["reason"] == "FailedScheduling"]
+        return " ".join(e.get("message", "") for e in failed)
+
+    assert "edgegpu: gpu cooling down" in until("FailedScheduling: cooling down", reason)
+    assert not (cluster.get_pod(ns, "cool-seeker") or {})["spec"].get("nodeName")
+
+
+def on(node: str) -> dict[str, str]:
+    return {"kubernetes.io/hostname": node}

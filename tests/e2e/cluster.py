@@ -1,0 +1,98 @@
+"""``make cluster``: the e2e suite's cluster, kept running for people who want kubectl.
+
+A real control plane (etcd, kube-apiserver, kube-controller-manager, the default
+kube-scheduler), edgegpu installed as docs/install.md says, two extender replicas, the
+edgegpu scheduler and N simulated GPU nodes with their agents (a fake kubelet runs their pods).
+The admin kubeconfig is written to ``.e2e/kubeconfig``. Ctrl-C or SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+from tests.e2e import conftest
+from tests.e2e.controlplane import ROOT
+
+SCENARIOS = ["steady", "steady", "overheat", "xid-79", "steady", "ecc", "steady", "gpu-lost"]
+
+
+def node_table(count: int) -> list[tuple[str, int, str, str]]:
+    """``count`` nodes with a varied scenario mix, as ``make run`` has."""
+    return [
+        (f"edge-{i}", 2 + (i % 3) * 2, SCENARIOS[i % len(SCENARIOS)], f"rack-{'ab'[i % 2]}")
+        for i in range(count)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the cluster, print what to try, wait for Ctrl-C."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
+    p.add_argument("--interval-s", type=float, default=2.0, help="agents' report interval")
+    args = p.parse_args(argv)
+    if args.nodes < 1:
+        print("make cluster: NODES must be 1 or more", file=sys.stderr)
+        return 2
+    conftest.NODES[:] = node_table(args.nodes)
+    folder = Path(tempfile.mkdtemp(prefix="edgegpu-cluster-"))
+    print(f"starting the control plane and edgegpu (logs in {folder}/logs) ...", flush=True)
+    started = time.monotonic()
+    try:
+        cluster = conftest.start_cluster(folder, agent_interval_s=args.interval_s, settle=False)
+    except Exception as exc:
+        print(f"make cluster: {exc}", file=sys.stderr)
+        return 1
+    out = ROOT / ".e2e"
+    out.mkdir(exist_ok=True)
+    kubeconfig = out / "kubeconfig"
+    shutil.copy(cluster.cp.admin_kubeconfig, kubeconfig)
+    kubectl = cluster.cp.binary("kubectl")
+    node = conftest.NODES[0][0]
+    print(
+        f"""
+Kubernetes is up in {time.monotonic() - started:.0f} s ({cluster.cp.versions()}), with edgegpu
+and {args.nodes} simulated GPU nodes. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
+kubectl (the one built with the control plane) is {kubectl}. Try:
+
+  export KUBECONFIG=$PWD/.e2e/kubeconfig; alias kubectl={kubectl}
+  kubectl get nodes -L edgegpu.io/rack
+  kubectl get gpuschedulingpolicies
+  kubectl run infer --image=example/app --restart=Never \\
+    --overrides='{{"spec":{{"schedulerName":"edgegpu-scheduler","containers":[{{"name":"infer","image":"example/app","resources":{{"limits":{{"edgegpu.io/gpu-mem-block":"1"}}}}}}]}}}}'
+  kubectl get pod infer -o wide -w                       # Ctrl-C once it has a node
+  kubectl get pod infer -o jsonpath='{{.metadata.annotations}}{{"\\n"}}'
+  kubectl get events --field-selector involvedObject.name=infer
+  curl -s {cluster.extenders[0].url}/debug/nodes | python3 -m json.tool | head -40
+
+The extender replicas answer on {", ".join(e.url for e in cluster.extenders)}; {node}'s
+agent and the others push to both. Ctrl-C stops everything.""",
+        flush=True,
+    )
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while all(p.alive() for p in cluster.cp.processes):
+            time.sleep(1.0)
+        dead = [p.name for p in cluster.cp.processes if not p.alive()]
+        print(f"make cluster: {', '.join(dead)} exited; see {folder}/logs", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        conftest.stop_cluster(cluster)
+        kubeconfig.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

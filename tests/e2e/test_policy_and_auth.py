@@ -1,0 +1,85 @@
+"""The policy custom resource, live; agent tokens checked with TokenReview against the pod."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from tests.e2e.conftest import Cluster, until
+
+POLICY = "/apis/kepler.io/v1/gpuschedulingpolicies/edge-gpu-policy"
+
+
+def patch_policy(cluster: Cluster, spec: dict[str, Any]) -> None:
+    resp = cluster.cp.request(
+        "PATCH",
+        POLICY,
+        content=json.dumps({"spec": spec}),
+        headers={"content-type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+
+
+def accepted(cluster: Cluster) -> dict[str, Any]:
+    doc = cluster.cp.get(POLICY) or {}
+    conds = (doc.get("status") or {}).get("conditions") or []
+    gen = doc["metadata"]["generation"]
+    return next(
+        (c for c in conds if c["type"] == "Accepted" and c.get("observedGeneration") == gen), {}
+    )
+
+
+def max_temp(cluster: Cluster) -> list[float]:
+    out = []
+    for ext in cluster.extenders:
+        doc = ext.get("/debug/policy")
+        out.append(doc["policy"]["spec"]["thermalThrottling"]["maxTemp"])
+    return out
+
+
+def test_a_policy_edit_reloads_and_an_invalid_one_is_refused(cluster: Cluster) -> None:
+    try:
+        patch_policy(cluster, {"thermalThrottling": {"maxTemp": 83}})
+        until("maxTemp 83 on every replica", lambda: max_temp(cluster) == [83, 83])
+        until("Accepted=True", lambda: accepted(cluster).get("status") == "True")
+        patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "five minutes"}})
+        cond = until(
+            "Accepted=False", lambda: (c := accepted(cluster)).get("status") == "False" and c
+        )
+        assert "coolDownPeriod" in cond["message"], cond
+        time.sleep(1.0)
+        assert max_temp(cluster) == [83, 83]  # the previous policy stays in force
+    finally:
+        patch_policy(cluster, {"thermalThrottling": {"maxTemp": 85, "coolDownPeriod": "5m"}})
+        until("policy restored", lambda: max_temp(cluster) == [85, 85])
+
+
+def report(node: str) -> dict[str, Any]:
+    return {
+        "schema": "edgegpu.io/telemetry/v1",
+        "node": node,
+        "agent": {"version": "e2e", "backend": "simulated", "boot_id": f"e2e-{node}", "seq": 1},
+        "sampled_at": "2026-12-05T00:00:00Z",
+        "interval_s": 5,
+        "gpus": [],
+    }
+
+
+def test_agent_tokens_are_checked_against_the_node_their_pod_runs_on(cluster: Cluster) -> None:
+    token = (cluster.cp.folder / "agent-gpu-a.token").read_text().strip()
+    url = cluster.extenders[0].ingest_url + "/v1/telemetry"
+
+    def push(node: str, bearer: str) -> httpx.Response:
+        return httpx.post(
+            url, json=report(node), headers={"authorization": f"Bearer {bearer}"}, timeout=10.0
+        )
+
+    assert push("gpu-a", token).status_code == 200
+    assert push("gpu-b", token).status_code == 403
+    assert push("gpu-a", "garbage").status_code == 401
+    # The real agents, with tokens bound to their DaemonSet pods, keep reporting.
+    rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
+    assert rows["gpu-b"]["reported"] and not rows["gpu-b"]["stale"]

@@ -1,0 +1,115 @@
+"""Replicas, restarts, the extender down, leader election: with the real scheduler."""
+
+from __future__ import annotations
+
+import time
+
+from tests.e2e.conftest import Cluster, until
+from tests.e2e.edgegpu import NAMESPACE
+
+
+def served_for(cluster: Cluster, pod: str, verb: str) -> list[str]:
+    """The replicas that answered ``verb`` for ``pod``."""
+    return [r for p, r, name in cluster.balancer.served if name == pod and p.endswith(verb)]
+
+
+def test_filter_and_bind_on_different_replicas(cluster: Cluster, ns: str) -> None:
+    cluster.balancer.split_bind = True
+    try:
+        cluster.create(cluster.pod("split", ns, blocks=1))
+        pod = cluster.wait_bound(ns, "split")
+    finally:
+        cluster.balancer.split_bind = False
+    filters, binds = served_for(cluster, "split", "/filter"), served_for(cluster, "split", "/bind")
+    assert binds and filters and not set(binds) & set(filters), cluster.balancer.served[-6:]
+    assert pod["metadata"]["annotations"]["edgegpu.io/gpu-uuid"].startswith("GPU-")
+    events = {e["reason"] for e in cluster.events(ns, "split")}
+    assert "FailedScheduling" not in events
+
+
+def test_the_replica_that_filtered_dies_before_bind(cluster: Cluster, ns: str) -> None:
+    killed: list[int] = []
+
+    def crash(i: int) -> None:
+        # The replica that answered filter and prioritize dies: the bind goes to the other,
+        # which never saw this pod, as the Service sends it there once the endpoint is gone.
+        if not killed:
+            proc = cluster.extenders[i].process
+            assert proc is not None
+            proc.popen.kill()
+            proc.popen.wait()
+            killed.append(i)
+
+    cluster.balancer.before_bind = crash
+    try:
+        cluster.create(cluster.pod("survivor", ns, blocks=1))
+        pod = cluster.wait_bound(ns, "survivor")
+    finally:
+        cluster.balancer.before_bind = None
+        for i in killed:
+            cluster.extenders[i].stop()
+            cluster.extenders[i].start()
+    assert killed
+    [binder] = served_for(cluster, "survivor", "/bind")
+    assert binder != cluster.extenders[killed[0]].name
+    assert pod["metadata"]["annotations"]["edgegpu.io/gpu-index"].isdigit()
+    assert "FailedScheduling" not in {e["reason"] for e in cluster.events(ns, "survivor")}
+
+
+def test_with_every_replica_down_gpu_pods_wait_and_bind_once_one_is_back(
+    cluster: Cluster, ns: str
+) -> None:
+    for ext in cluster.extenders:
+        ext.stop()
+    try:
+        cluster.create(cluster.pod("patient", ns, blocks=1))
+
+        def failed() -> str:
+            return " ".join(
+                e.get("message", "")
+                for e in cluster.events(ns, "patient")
+                if e["reason"] == "FailedScheduling"
+            )
+
+        text = until("FailedScheduling while the extender is down", failed)
+        assert "extender" in text.lower() or "connection refused" in text.lower(), text
+        time.sleep(2.0)
+        assert not (cluster.get_pod(ns, "patient") or {})["spec"].get("nodeName")
+    finally:
+        for ext in cluster.extenders:
+            ext.start()
+    assert cluster.wait_bound(ns, "patient", 90.0)["spec"]["nodeName"] in {
+        "gpu-a",
+        "gpu-b",
+        "gpu-c",
+    }
+
+
+def lease_holder(cluster: Cluster) -> str:
+    doc = cluster.cp.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/edgegpu-extender"
+    )
+    return str(((doc or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def test_leader_election_over_a_real_lease_survives_the_leader_dying(cluster: Cluster) -> None:
+    names = {e.name: e for e in cluster.extenders}
+    leader = until("a leader", lambda: lease_holder(cluster) in names and lease_holder(cluster))
+    assert names[leader].get("/healthz") is not None
+    proc = names[leader].process
+    assert proc is not None
+    proc.popen.kill()  # no chance to release the Lease
+    proc.popen.wait()
+    started = time.monotonic()
+    try:
+        other = until(
+            "the other replica takes the Lease",
+            lambda: (h := lease_holder(cluster)) != leader and h in names and h,
+            40.0,
+        )
+        took = time.monotonic() - started
+        assert took < 15.0 + 2.0 + 5.0, took  # lease duration + retry period + slack
+        assert other != leader
+    finally:
+        names[leader].stop()
+        names[leader].start()
