@@ -36,4 +36,5 @@ fi
 for c in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl; do
     ln -sf controlplane "$out/$c"
 done
+"$out/controlplane" version | sed 's/^/build-controlplane: /' >&2
 echo "$out"

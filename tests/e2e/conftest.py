@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -145,6 +146,23 @@ class Cluster:
         """Delete a namespace (its pods go with it)."""
         self.cp.request("DELETE", f"/api/v1/namespaces/{name}")
 
+    def fresh(self, timeout_s: float = 120.0) -> None:
+        """Until every replica has a fresh report from every node whose agent runs.
+
+        After a replica was down, agents retry it with backoff (up to a minute): a restarted
+        replica knows a node again only after that node's next push reaches it.
+        """
+        live = [n for n, a in self.agents.items() if a.process is not None]
+
+        def all_fresh() -> bool:
+            for ext in self.extenders:
+                rows = {r["node"]: r for r in ext.get("/debug/nodes")["nodes"]}
+                if not all(rows.get(n, {}).get("reported") and not rows[n]["stale"] for n in live):
+                    return False
+            return True
+
+        wait_until("fresh reports from every agent on every replica", all_fresh, timeout_s, 0.5)
+
     def logs(self) -> str:
         """Every component's log tail."""
         return self.cp.logs()
@@ -198,6 +216,7 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool =
         wait_until("every node reported to every replica, hot-0 hot, xid-0 unhealthy", settled,
                    180.0, 1.0)  # fmt: skip
     except BaseException:
+        print(cp.logs(), file=sys.stderr)  # why it did not come up
         stop_cluster(cluster)
         raise
     return cluster
@@ -212,10 +231,15 @@ def stop_cluster(cluster: Cluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     folder = Path(tempfile.mkdtemp(prefix="edgegpu-e2e-"))
-    time.monotonic()
+    started = time.monotonic()
     c = start_cluster(folder)
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        terminal.write_line(
+            f"\ncluster up in {time.monotonic() - started:.1f} s: {c.cp.versions()}; logs in {folder}"
+        )
     try:
         yield c
     finally:

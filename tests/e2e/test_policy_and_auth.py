@@ -57,11 +57,13 @@ def test_a_policy_edit_reloads_and_an_invalid_one_is_refused(cluster: Cluster) -
         until("policy restored", lambda: max_temp(cluster) == [85, 85])
 
 
-def report(node: str) -> dict[str, Any]:
+def report(node: str, boot_id: str) -> dict[str, Any]:
+    # seq 0 of the running agent's boot: authenticated, then ignored as not newer (200,
+    # accepted: false), so the node's real telemetry is left alone.
     return {
         "schema": "edgegpu.io/telemetry/v1",
         "node": node,
-        "agent": {"version": "e2e", "backend": "simulated", "boot_id": f"e2e-{node}", "seq": 1},
+        "agent": {"version": "e2e", "backend": "simulated", "boot_id": boot_id, "seq": 0},
         "sampled_at": "2026-12-05T00:00:00Z",
         "interval_s": 5,
         "gpus": [],
@@ -72,12 +74,16 @@ def test_agent_tokens_are_checked_against_the_node_their_pod_runs_on(cluster: Cl
     token = (cluster.cp.folder / "agent-gpu-a.token").read_text().strip()
     url = cluster.extenders[0].ingest_url + "/v1/telemetry"
 
+    rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
+
     def push(node: str, bearer: str) -> httpx.Response:
+        body = report(node, rows[node]["agent"]["boot_id"])
         return httpx.post(
-            url, json=report(node), headers={"authorization": f"Bearer {bearer}"}, timeout=10.0
+            url, json=body, headers={"authorization": f"Bearer {bearer}"}, timeout=10.0
         )
 
-    assert push("gpu-a", token).status_code == 200
+    ok = push("gpu-a", token)
+    assert ok.status_code == 200 and ok.json()["accepted"] is False, ok.text
     assert push("gpu-b", token).status_code == 403
     assert push("gpu-a", "garbage").status_code == 401
     # The real agents, with tokens bound to their DaemonSet pods, keep reporting.

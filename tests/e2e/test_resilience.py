@@ -49,6 +49,7 @@ def test_the_replica_that_filtered_dies_before_bind(cluster: Cluster, ns: str) -
         for i in killed:
             cluster.extenders[i].stop()
             cluster.extenders[i].start()
+        cluster.fresh()
     assert killed
     [binder] = served_for(cluster, "survivor", "/bind")
     assert binder != cluster.extenders[killed[0]].name
@@ -78,6 +79,7 @@ def test_with_every_replica_down_gpu_pods_wait_and_bind_once_one_is_back(
     finally:
         for ext in cluster.extenders:
             ext.start()
+        cluster.fresh()
     assert cluster.wait_bound(ns, "patient", 90.0)["spec"]["nodeName"] in {
         "gpu-a",
         "gpu-b",
@@ -113,3 +115,4 @@ def test_leader_election_over_a_real_lease_survives_the_leader_dying(cluster: Cl
     finally:
         names[leader].stop()
         names[leader].start()
+        cluster.fresh()
