@@ -177,9 +177,9 @@ class Balancer:
     """One address for several extender replicas, as their Service gives the scheduler.
 
     As the Service does (``sessionAffinity: ClientIP``), every request goes to one replica,
-    and to the next one when that one does not answer. With ``split_bind`` each request goes
-    to the next replica in turn and ``/bind`` to the replica after the one that answered the
-    last ``/filter``, so that a pod's filter and bind land on different replicas.
+    and to the next one when that one does not answer. With ``split_bind`` each filter goes
+    to the next replica in turn, prioritize to the replica that answered the last filter and
+    bind to the one after it, so that the replica that binds a pod has never seen it.
     ``before_bind`` (when set) runs before a bind is forwarded, with the replica's index, e.g.
     to restart that replica between filter and bind.
     """
@@ -208,6 +208,8 @@ class Balancer:
             return self._sticky
         if path.endswith("/bind"):
             return (self._last_filter + 1) % n
+        if path.endswith("/prioritize"):
+            return self._last_filter  # so that only filter and prioritize have seen the pod
         return next(self._turn) % n
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
