@@ -235,11 +235,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     folder = Path(tempfile.mkdtemp(prefix="edgegpu-e2e-"))
     started = time.monotonic()
     c = start_cluster(folder)
-    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is not None:
-        terminal.write_line(
-            f"\ncluster up in {time.monotonic() - started:.1f} s: {c.cp.versions()}; logs in {folder}"
-        )
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    line = (
+        f"\ncluster up in {time.monotonic() - started:.1f} s: {c.cp.versions()}; logs in {folder}"
+    )
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(line, flush=True)
     try:
         yield c
     finally:
