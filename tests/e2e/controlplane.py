@@ -198,14 +198,11 @@ class ControlPlane:
         return proc
 
     def versions(self) -> str:
-        """What the binaries say of their versions."""
+        """What the binaries say of their versions (one line)."""
         out = subprocess.run(
-            [self.binary("kube-apiserver"), "--version"], capture_output=True, text=True
-        )
-        etcd = subprocess.run(
             [str(self.bin_dir / "controlplane"), "version"], capture_output=True, text=True
         )
-        return (out.stdout.strip() + "; " + etcd.stdout.strip().replace("\n", "; ")).strip("; ")
+        return out.stdout.strip().replace("\n", "; ")
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
