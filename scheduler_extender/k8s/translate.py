@@ -29,13 +29,22 @@ _WHOLE_NUMBER = re.compile(r"^\+?\d+$")
 T = TypeVar("T", int, Decimal)
 
 
+MAX_EXTENDED = 1 << 20
+"""More GPUs or memory blocks than any node has by far: a larger request is refused as such
+instead of overflowing the int64 arrays the policy counts in."""
+
+
 def _quantity(value: Any, where: str) -> int:
     """An extended-resource quantity: Kubernetes allows whole numbers only."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str) and _WHOLE_NUMBER.match(value.strip()):
-        return int(value.strip())
-    raise RequestError(f"{where}: {value!r} is not a whole number")
+        amount = value
+    elif isinstance(value, str) and _WHOLE_NUMBER.match(value.strip()):
+        amount = int(value.strip())
+    else:
+        raise RequestError(f"{where}: {value!r} is not a whole number")
+    if amount > MAX_EXTENDED:
+        raise RequestError(f"{where}: {value!r} is more than any node has (at most {MAX_EXTENDED})")
+    return amount
 
 
 def _container_value(

@@ -27,10 +27,15 @@ def _top(body: bytes, what: str) -> JsonDict:
         raise RequestError(f"{what}: body is not valid JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(doc, dict):
         raise RequestError(f"{what}: body must be a JSON object, not {type(doc).__name__}")
-    # Go matches field names case-insensitively; the first spelling of a key wins here.
+    # Go matches field names case-insensitively. A key given twice in two spellings is
+    # refused: which one counts would be a guess, and a guess that differs from the bytes
+    # the candidate-list cache keeps would decide on a list the scheduler never sent.
     folded: JsonDict = {}
     for key, value in doc.items():
-        folded.setdefault(key.lower(), value)
+        lower = key.lower()
+        if lower in folded:
+            raise RequestError(f"{what}: key {key!r} is given twice (keys match in any case)")
+        folded[lower] = value
     return folded
 
 

@@ -314,3 +314,25 @@ async def test_cpu_only_pods_score_by_the_gpus_they_would_strand_and_bind_withou
         assert binder.calls[-1].gpu_indices == ()  # bound, with no GPU annotation to write
         assert state.allocations.get("uid-c") is None
         assert state.host.free("roomy") == (52_000, 262_144 - 8_192)
+
+
+async def test_two_spellings_of_nodenames_cannot_poison_the_candidate_cache(client):
+    await push(client, report("cool-1"), report("hot-1", [gpu(0, temperature_c=95.0)]))
+    spec = orjson.dumps(pod("p", qos="training")).decode()
+    poisoned = f'{{"Pod":{spec},"nodenames":["cool-1"],"NodeNames":["hot-1"]}}'
+    resp = await client.post("/filter", content=poisoned)
+    assert resp.status_code == 200 and "given twice" in resp.json()["Error"]
+    genuine = f'{{"Pod":{spec},"Nodes":null,"NodeNames":["hot-1"]}}'
+    body = (await client.post("/filter", content=genuine)).json()
+    assert body["NodeNames"] == [] and body["FailedNodes"] == {"hot-1": "edgegpu: gpu too hot"}
+    assert (await client.post("/prioritize", content=genuine)).json() == [
+        {"Host": "hot-1", "Score": 0}
+    ]
+
+
+@pytest.mark.parametrize("blocks", [2**63, "100000000000000000000"])
+async def test_an_absurd_request_is_a_clear_error_not_an_internal_one(client, blocks):
+    await push(client, report("a"))
+    resp = await client.post("/filter", json=args_names(pod("p", blocks=blocks), ["a"]))
+    assert resp.status_code == 200
+    assert "more than any node has" in resp.json()["Error"]

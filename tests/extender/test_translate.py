@@ -54,6 +54,9 @@ def test_a_pod_without_uid_or_namespace_still_gets_an_identity():
         pytest.param({"blocks": "-1"}, "is not a whole number", id="negative blocks"),
         pytest.param({"blocks": 1, "whole": 1}, "use one", id="both kinds of gpu request"),
         pytest.param({"qos": "gold"}, "is not a QoS class", id="unknown qos class"),
+        pytest.param({"blocks": 2**63}, "more than any node has", id="2^63 blocks"),
+        pytest.param({"blocks": "1" + "0" * 20}, "more than any node has", id="10^20 blocks"),
+        pytest.param({"blocks": None, "whole": 2**64}, "more than any node has", id="2^64 gpus"),
     ],
 )
 def test_bad_pod_specs_say_which_field_is_wrong(spec_change, message):

@@ -157,3 +157,12 @@ def test_a_known_node_list_is_reused_only_for_the_very_same_bytes():
     # Not Go's layout (NodeNames first, or spaces): parsed the ordinary way, same result.
     spaced = b'{"NodeNames": ' + orjson.dumps(names) + b', "Pod": {"metadata": {"name": "e"}}}'
     assert wire.parse_extender_args(spaced).node_names == names
+
+
+def test_a_key_given_twice_in_two_spellings_is_refused_not_guessed():
+    body = b'{"Pod":{"metadata":{"name":"p"}},"nodenames":["cool-1"],"NodeNames":["hot-1"]}'
+    with pytest.raises(RequestError, match="given twice"):
+        wire.parse_extender_args(body, "filter")
+    # The list it would have cached stays unknown: a genuine request for it parses as sent.
+    genuine = b'{"Pod":{"metadata":{"name":"p"}},"Nodes":null,"NodeNames":["hot-1"]}'
+    assert wire.parse_extender_args(genuine, "filter").candidates() == ["hot-1"]
