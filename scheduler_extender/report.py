@@ -34,7 +34,8 @@ import msgspec
 from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, Health
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
-_NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+_NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+"""A count or id: 0 to the int64 maximum (larger cannot be framed or stored as one)."""
 
 
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
@@ -209,5 +210,5 @@ def digest_body(body: bytes) -> Digest | None:
     """The digest of a push body; None when it is not a valid report."""
     try:
         return digest(REPORT_DECODER.decode(body))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None  # an unknown field nested past the interpreter's depth: not a report

@@ -51,8 +51,12 @@ def decode_report(body: bytes, max_problems: int = 20) -> TelemetryReport:
         first = str(exc)
     except msgspec.DecodeError as exc:
         first = f"body is not valid JSON: {exc}"
+    except RecursionError:
+        raise ReportError([{"loc": "", "msg": "body is nested too deeply"}]) from None
     try:
         schema.TelemetryReport.model_validate_json(body)
+    except RecursionError:
+        raise ReportError([{"loc": "", "msg": "body is nested too deeply"}]) from None
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False, include_context=False)
         raise ReportError(

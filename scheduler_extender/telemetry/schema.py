@@ -33,7 +33,7 @@ class AgentInfo(_Model):
     version: Annotated[str, Field(max_length=64)]
     backend: Annotated[str, Field(min_length=1, max_length=32)]
     boot_id: Annotated[str, Field(min_length=1, max_length=128)]
-    seq: Annotated[int, Field(ge=0)]
+    seq: Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class NodeHealth(_Model):
@@ -48,7 +48,7 @@ class NodeHealth(_Model):
 class GpuProcess(_Model):
     """A process holding GPU memory; ``pod_uid`` when the agent could map it to a pod."""
 
-    pid: Annotated[int, Field(ge=0)]
+    pid: Annotated[int, Field(ge=0, le=2**63 - 1)]
     pod_uid: Annotated[str, Field(max_length=128)] | None = None
     container: Annotated[str, Field(max_length=253)] | None = None
     used_mib: Annotated[float, Field(ge=0)] | None = None
@@ -71,8 +71,8 @@ class GpuReport(_Model):
     throttle_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(
         default_factory=list
     )
-    ecc_uncorrected: Annotated[int, Field(ge=0)] | None = None
-    xid_last: Annotated[int, Field(ge=0)] | None = None
+    ecc_uncorrected: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    xid_last: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
     health: HealthValue = "healthy"
     health_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(default_factory=list)
     processes: Annotated[list[GpuProcess], Field(max_length=MAX_PROCESSES_PER_GPU)] = Field(

@@ -1,5 +1,6 @@
 import httpx
 import orjson
+import pytest
 
 from scheduler_extender.api.app import create_app
 from scheduler_extender.config import ExtenderSettings
@@ -109,3 +110,26 @@ async def test_uvicorn_takes_the_peer_address_not_forwarded_headers(clock):
     assert uvicorn_options()["proxy_headers"] is False
     config = uvicorn.Config(create_app(clock=clock), **uvicorn_options())
     assert config.proxy_headers is False
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(
+            b'{"schema":"edgegpu.io/telemetry/v1","node":"x","agent":{"version":"","backend":"b",'
+            b'"boot_id":"b","seq":18446744073709551616},"sampled_at":"2026-01-01T00:00:00Z",'
+            b'"interval_s":1,"gpus":[]}',
+            id="seq 2^64",
+        ),
+        pytest.param(
+            b'{"schema":"edgegpu.io/telemetry/v1","node":"x","agent":{"version":"","backend":"b",'
+            b'"boot_id":"b","seq":1},"sampled_at":"2026-01-01T00:00:00Z","interval_s":1,'
+            b'"gpus":[],"x":' + b"[" * 1000 + b"]" * 1000 + b"}",
+            id="an unknown field nested 1000 deep",
+        ),
+    ],
+)
+async def test_hostile_pushes_get_a_clear_422(client, body):
+    resp = await client.post("/v1/telemetry", content=body)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"].startswith("invalid telemetry report")

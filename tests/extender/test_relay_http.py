@@ -244,3 +244,35 @@ async def test_when_the_extender_goes_pushes_owed_get_503():
         status, _, body = await read_response(reader)
         assert status == 503
         assert b"restarting" in body
+
+
+HEAD = (
+    b'{"schema":"edgegpu.io/telemetry/v1","node":"x","agent":{"version":"","backend":"b",'
+    b'"boot_id":"b","seq":%s},"sampled_at":"2026-01-01T00:00:00Z","interval_s":1,"gpus":[]'
+)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(HEAD % b"18446744073709551616" + b"}", id="seq 2^64"),
+        pytest.param(HEAD % b"1" + b',"x":' + b"[" * 5000 + b"]" * 5000 + b"}", id="nested 5000"),
+    ],
+)
+async def test_a_hostile_push_is_passed_on_without_a_digest_and_the_next_push_goes_through(
+    hostile: bytes,
+):
+    async with serving(max_bytes=1 << 16) as rig:
+        ext = rig.ext
+        reader, writer = await rig.connect()
+        writer.write(request(hostile))
+        (push,) = await ext.pushes(1)
+        assert push.digest is None and push.body == hostile  # the extender says what is wrong
+        ext.answer(push, 422, b'{"error":"invalid"}')
+        assert (await read_response(reader))[0] == 422
+        other_reader, other = await rig.connect()
+        other.write(request(HEAD % b"2" + b"}"))
+        (genuine,) = await ext.pushes(1)
+        assert genuine.digest is not None
+        ext.answer(genuine)
+        assert (await read_response(other_reader))[0] == 200
