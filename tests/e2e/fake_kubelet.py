@@ -74,6 +74,8 @@ class FakeKubelet:
             },
             "spec": {"taints": taints or []},
         }
+        with self._lock:  # before it exists: its first pod may be bound within milliseconds
+            self.nodes[name] = True
         with self.cp.client() as c:
             resp = c.post("/api/v1/nodes", json=node)
             if resp.status_code not in (201, 409):
@@ -92,8 +94,6 @@ class FakeKubelet:
                 }
             }
             self._patch(c, f"/api/v1/nodes/{name}/status", status)
-        with self._lock:
-            self.nodes[name] = True
         self._renew_lease(name)
 
     def silence(self, name: str, silent: bool = True) -> None:
@@ -188,6 +188,8 @@ class FakeKubelet:
                             rv = obj.get("metadata", {}).get("resourceVersion", rv)
                             if event.get("type") in ("ADDED", "MODIFIED"):
                                 self._pod(c, obj)
+                        else:
+                            rv = ""  # the watch ended: list again, as kubelet resyncs
             except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
                 if not self._stop.is_set():
                     log.warning("pod watch: %s", exc)
