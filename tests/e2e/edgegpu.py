@@ -196,6 +196,7 @@ class Balancer:
         self._last_filter = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._client = httpx.Client(timeout=10.0)  # kept-alive connections to each replica
 
     @property
     def url(self) -> str:
@@ -231,12 +232,12 @@ class Balancer:
             i = (first + k) % n
             replica = self.replicas[i]
             try:
-                async with httpx.AsyncClient(timeout=10.0) as client:
-                    resp = await client.post(
-                        f"{replica.url}{path}",
-                        content=body,
-                        headers={"content-type": "application/json"},
-                    )
+                resp = await asyncio.to_thread(
+                    self._client.post,
+                    f"{replica.url}{path}",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
             except httpx.HTTPError:
                 continue
             if path.endswith("/filter"):
@@ -272,6 +273,7 @@ class Balancer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        self._client.close()
 
 
 class EdgegpuScheduler:
