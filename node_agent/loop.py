@@ -13,6 +13,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
 
 from node_agent import __version__, health, power
 from node_agent.backends.base import GpuBackend
@@ -27,9 +30,41 @@ from node_agent.model import (
     Snapshot,
 )
 from node_agent.push import Pusher, PushOutcome
-from scheduler_extender.telemetry.schema import TelemetryReport
+from scheduler_extender.telemetry.schema import GpuReport, TelemetryReport
 
 log = logging.getLogger("node_agent")
+
+
+def _within_contract(gpu: dict[str, Any]) -> dict[str, Any] | None:
+    """One GPU's report with the readings the contract refuses made null.
+
+    NaN, infinite and out-of-range values are reported as readings the backend could not
+    take; None when even that is not valid (an index or UUID). A driver that returns one
+    nonsense value must not cost the node every other GPU's report.
+    """
+    for _ in range(8):
+        try:
+            GpuReport.model_validate(gpu)
+        except ValidationError as exc:
+            for error in exc.errors(include_url=False, include_input=False):
+                *parents, leaf = error["loc"]
+                target: Any = gpu
+                for key in parents:
+                    target = target[key]
+                if leaf in target and target[leaf] is not None:
+                    where = ".".join(map(str, error["loc"]))
+                    log.warning(
+                        "gpu %s: %s %r is not a valid reading; reported as null",
+                        gpu.get("index"),
+                        where,
+                        target[leaf],
+                    )
+                    target[leaf] = None
+                else:
+                    return None
+        else:
+            return gpu
+    return None
 
 
 @dataclass(slots=True)
@@ -231,6 +266,7 @@ class Agent:
                     ],
                 }
             )
+        gpus = [g for g in (_within_contract(g) for g in gpus) if g is not None]
         c = snap.checks
         return TelemetryReport.model_validate(
             {

@@ -242,3 +242,24 @@ async def test_with_resolve_all_every_address_of_the_service_name_gets_the_repor
     assert all(key.startswith("http://localhost:8888@") for key in out.results)
     assert {host for _, host in seen} == {"localhost:8888"}  # the Host header stays the name
     assert "127.0.0.1" in {addr for addr, _ in seen}
+
+
+async def test_one_nonsense_reading_is_reported_as_null_and_every_other_gpu_still_goes():
+    import dataclasses
+
+    class Garbled(SimulatedBackend):
+        def read(self, index):
+            r = super().read(index)
+            if index == 0:
+                return dataclasses.replace(
+                    r, temperature_c=float("nan"), power_w=float("inf"), utilization_pct=250.0
+                )
+            return r
+
+    clock = Clock()
+    agent = make_agent(clock, backend=Garbled(clock=clock, gpus=2, seed=1, node="n1"))
+    report = (await agent.round()).report
+    first, second = report.gpus
+    assert (first.temperature_c, first.power_w, first.utilization_pct) == (None, None, None)
+    assert first.memory_total_mib is not None  # the rest of that GPU is kept
+    assert second.temperature_c is not None and second.power_w is not None
