@@ -47,11 +47,13 @@ def _within_contract(gpu: dict[str, Any]) -> dict[str, Any] | None:
             GpuReport.model_validate(gpu)
         except ValidationError as exc:
             for error in exc.errors(include_url=False, include_input=False):
+                if not error["loc"]:
+                    return None  # the GPU as a whole, not one reading
                 *parents, leaf = error["loc"]
                 target: Any = gpu
                 for key in parents:
                     target = target[key]
-                if leaf in target and target[leaf] is not None:
+                if isinstance(target, dict) and target.get(leaf) is not None:
                     where = ".".join(map(str, error["loc"]))
                     log.warning(
                         "gpu %s: %s %r is not a valid reading; reported as null",

@@ -342,6 +342,14 @@ class ControlPlane:
             if proc in self.processes:
                 self.processes.remove(proc)
 
+    def service_account_kubeconfig(self, namespace: str, service_account: str) -> Path:
+        """A kubeconfig with a token of the ServiceAccount, written once per run."""
+        path = self.folder / f"{service_account}.kubeconfig"
+        if not path.exists():
+            token = self.token(namespace, service_account)
+            path.write_text(kubeconfig_text(self.server, self.ca, token, service_account))
+        return path
+
     def logs(self) -> str:
         """The tail of every component's log, for a failed test's report."""
         return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail()}" for p in self.processes)

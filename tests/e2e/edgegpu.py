@@ -122,17 +122,10 @@ class Extender:
     @property
     def kubeconfig(self) -> Path:
         """The kubeconfig with the extender ServiceAccount's token."""
-        return self.cp.folder / "edgegpu-extender.kubeconfig"
+        return self.cp.service_account_kubeconfig(NAMESPACE, "edgegpu-extender")
 
     def start(self, wait_ready: bool = True) -> None:
         """Start the replica; wait for /readyz (caches synced) unless told not to."""
-        if not self.kubeconfig.exists():
-            from tests.e2e.controlplane import kubeconfig_text
-
-            token = self.cp.token(NAMESPACE, "edgegpu-extender")
-            self.kubeconfig.write_text(
-                kubeconfig_text(self.cp.server, self.cp.ca, token, "edgegpu-extender")
-            )
         argv, env = self.command()
         self.process = self.cp.spawn(self.name, argv, env)
         if wait_ready:
@@ -298,21 +291,12 @@ class EdgegpuScheduler:
         if self.name != "edgegpu-scheduler":  # a second one: its own profile and Lease
             doc["profiles"][0]["schedulerName"] = self.name
             doc["leaderElection"]["resourceName"] = self.name
-        doc["clientConnection"] = {
-            "kubeconfig": str(self.cp.folder / "edgegpu-scheduler.kubeconfig")
-        }
+        kubeconfig = self.cp.service_account_kubeconfig(NAMESPACE, "edgegpu-scheduler")
+        doc["clientConnection"] = {"kubeconfig": str(kubeconfig)}
         return doc
 
     def start(self) -> None:
         """Start it and wait until it holds its leader Lease (then it schedules)."""
-        from tests.e2e.controlplane import kubeconfig_text
-
-        kubeconfig = self.cp.folder / "edgegpu-scheduler.kubeconfig"
-        if not kubeconfig.exists():
-            token = self.cp.token(NAMESPACE, "edgegpu-scheduler")
-            kubeconfig.write_text(
-                kubeconfig_text(self.cp.server, self.cp.ca, token, "edgegpu-scheduler")
-            )
         path = self.cp.folder / f"{self.name}-config.yaml"
         path.write_text(yaml.safe_dump(self.config()))
         container = _deployment("scheduler/deployment.yaml")["spec"]["template"]["spec"][
