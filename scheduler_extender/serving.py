@@ -48,9 +48,8 @@ class CpuSplit:
 def split_cpus(allowed: Iterable[int]) -> CpuSplit | None:
     """The scheduler's process on the last of these CPUs, the relay on the rest (None: under two).
 
-    A verb that the relay's work cannot preempt waits less under pushes (docs/performance.md
-    has the measurements). The last CPU rather than the first, which tends to take more of a
-    machine's interrupts.
+    A verb that the relay's work cannot preempt waits less under pushes. The last CPU rather
+    than the first, which tends to take more of a machine's interrupts.
     """
     cpus = sorted(set(allowed))
     if len(cpus) < 2:

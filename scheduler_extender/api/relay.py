@@ -208,8 +208,7 @@ class RelaySupervisor:
         Only while the scheduler is active (otherwise the drain starts at once). At 5,000
         pushes a second the relay's frames woke the extender over a thousand times a second,
         each wake-up one more chance to be busy when a scheduler request comes; frames of the
-        hold wait in the socket (and the relay) instead. Measured: reads of the link 1,141 →
-        958 a second, p99 under pushes lower in 73 of 110 paired rounds (docs/performance.md).
+        hold wait in the socket (and the relay) instead.
         """
         if self.ctx.push_turns.busy:
             transport.pause_reading()
