@@ -141,12 +141,15 @@ def test_a_gpu_that_was_hot_stays_out_while_it_cools_down(cluster: Cluster, ns: 
     cooler.start()
     cluster.agents["hot-0"] = cooler
 
-    def cooling() -> bool:
-        rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
-        gpu = rows["hot-0"]["gpus"][0]
-        return not gpu["hot"] and gpu["cool_down_until"] is not None
+    def cooling() -> bool:  # on every replica: the scheduler may be talking to either
+        for ext in cluster.extenders:
+            rows = {r["node"]: r for r in ext.get("/debug/nodes")["nodes"]}
+            gpu = rows["hot-0"]["gpus"][0]
+            if gpu["hot"] or gpu["cool_down_until"] is None:
+                return False
+        return True
 
-    until("hot-0 below maxTemp and cooling down", cooling)
+    until("hot-0 below maxTemp and cooling down on every replica", cooling)
     cluster.create(cluster.pod("cool-seeker", ns, blocks=1, node_selector=on("hot-0")))
 
     def reason() -> str:
