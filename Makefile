@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check bench bench-quick bench-ab bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check bench bench-quick bench-e2e bench-ab bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,10 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
+
+bench-e2e: $(STAMP) ## the real kube-scheduler with and without the extender, 1k and 5k nodes (benchmarks/results/e2e.json)
+	bash tests/e2e/build-controlplane.sh >/dev/null
+	$(PY) -m benchmarks.e2e $(BENCH_ARGS)
 
 bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
 	$(PY) -m benchmarks.latency --quick

@@ -205,8 +205,10 @@ class ControlPlane:
         return out.stdout.strip().replace("\n", "; ")
 
     # -- start -----------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start etcd, the API server, the controller-manager and the default scheduler."""
+    def start(self, *, controllers: bool = True) -> None:
+        """Start etcd, the API server and (``controllers``) the controller-manager and the
+        default scheduler. Without them, nothing marks Nodes NotReady and no ServiceAccount is
+        made: the benchmarks create the Nodes and the "default" ServiceAccount themselves."""
         pki = self.folder / "pki"
         make_pki(pki)
         tokens = {
@@ -248,6 +250,8 @@ class ControlPlane:
                 (self.folder / f"{short}.kubeconfig").write_text(
                     kubeconfig_text(self.server, self.ca, tok, user)
                 )
+        if not controllers:
+            return
         self.spawn("kube-controller-manager", [
             self.binary("kube-controller-manager"),
             f"--kubeconfig={self.folder / 'kube-controller-manager.kubeconfig'}",
