@@ -221,7 +221,7 @@ class Pusher:
 # -- one burst ---------------------------------------------------------------------------------
 @dataclass
 class Burst:
-    """Times of one burst of pods: created (POST answered) and bound (seen by a watch)."""
+    """Times of one burst of pods: created (POST sent) and bound (seen by a watch)."""
 
     created: dict[str, float] = field(default_factory=dict)
     bound: dict[str, tuple[float, str]] = field(default_factory=dict)
@@ -265,12 +265,12 @@ async def run_burst(cp: ControlPlane, ns: str, pods: int, scheduler: str) -> Bur
         async def creator() -> None:
             for k in names:
                 name = f"p-{k:05d}"
+                burst.created[name] = time.monotonic()  # from when the client asks
                 resp = await client.post(
                     f"/api/v1/namespaces/{ns}/pods", json=pod_object(name, k, scheduler)
                 )
                 if resp.status_code != 201:
                     raise RuntimeError(f"create {name}: {resp.status_code} {resp.text[:200]}")
-                burst.created[name] = time.monotonic()
 
         await asyncio.gather(*(creator() for _ in range(16)))
         deadline = time.monotonic() + 60 + pods * 0.2
@@ -369,6 +369,8 @@ def extender_counts(url: str) -> dict[str, float]:
             out["errors"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith("edgegpu_extender_binds_total{") and 'result="bound"' not in line:
             out["bind_refusals"] += float(line.rsplit(" ", 1)[1])
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            out[f"bind_{result}"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -449,8 +451,7 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
         ext = PinnedExtender(cp, "edgegpu-extender-0")
         ext.token_file = token_file
         ext.start()
-        ingest = ext.ingest_port if "--ingest-port" in ext.command()[0] else ext.port
-        pusher = Pusher(ingest, token, count)
+        pusher = Pusher(ext.port, token, count)
         stop = asyncio.Event()
         pushing = asyncio.create_task(pusher.run(stop))
         sched = EdgegpuScheduler(cp, ext.url)
@@ -489,9 +490,11 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
                 result["pushes"] = {k: after[k] - before[k] for k in after}
                 if arm == "ours":
                     result["extender_errors"] = counts["errors"] - counts_before["errors"]
-                    result["bind_refusals"] = (
-                        counts["bind_refusals"] - counts_before["bind_refusals"]
-                    )
+                    result["bind_refusals"] = {
+                        k: v - counts_before.get(k, 0.0)
+                        for k, v in counts.items()
+                        if k.startswith("bind_") and v - counts_before.get(k, 0.0)
+                    }
                 arms[arm].append(result)
                 log(f"[{count}] round {r + 1} {arm}: {json.dumps(result)}")
                 await asyncio.sleep(3)  # the namespace's pods go; the extender releases them
@@ -517,7 +520,7 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
             "ratio": round(ours / alone, 2) if alone else None,
         }
     ours_runs = arms["ours"]
-    out["bind_refusals"] = sum(r["bind_refusals"] for r in ours_runs)
+    out["bind_refusals"] = sum(r["bind_refusals"].get("bind_refusals", 0) for r in ours_runs)
     out["extender_errors"] = sum(r["extender_errors"] for r in ours_runs)
     out["unbound"] = {"ours": sum(r["unbound"] for r in ours_runs),
                       "alone": sum(r["unbound"] for r in arms["alone"])}  # fmt: skip

@@ -57,15 +57,14 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def serve(asgi_app: Any) -> None:
-    """Run an ASGI app on 127.0.0.1:--port exactly as the extender runs (uvicorn, GC tuning)."""
+    """Run an ASGI app on 127.0.0.1:--port exactly as the extender runs (uvicorn options)."""
     import uvicorn
 
-    from scheduler_extender.serving import tune_gc, uvicorn_options
+    from scheduler_extender.serving import uvicorn_options
 
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
-    tune_gc()
     uvicorn.run(asgi_app, host="127.0.0.1", port=args.port, **uvicorn_options())
 
 

@@ -66,28 +66,15 @@ def rss_mib(pid: int) -> float:
 
 
 class Server:
-    """One server process. Ours takes pushes on a relay port of its own unless ``relay`` is off
-    (the agents' side of the deployment in manifests/); the others take them on their one port.
-    """
-
-    relay = True
-    settle_ms = 100.0
+    """One server process, taking scheduler requests and pushes on one port."""
 
     def __init__(self, kind: str, root: Path = ROOT) -> None:
         """Start ``kind`` from the source tree ``root`` (another checkout: an A/B of two builds)."""
         self.kind = kind
         self.port = free_port()
         self.push_port = self.port
-        extra: list[str] = []
-        if kind == "ours":
-            extra = ["--settle-ms", str(Server.settle_ms)]
-            if Server.relay:
-                self.push_port = free_port()
-                extra += ["--ingest-port", str(self.push_port)]
-                if "--split-cpus" in (root / "scheduler_extender/cli.py").read_text():
-                    extra.append("--split-cpus")  # as manifests/ runs it (older trees lack it)
         self.proc = subprocess.Popen(
-            [sys.executable, *SERVERS[kind], "--port", str(self.port), *extra],
+            [sys.executable, *SERVERS[kind], "--port", str(self.port)],
             cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -109,7 +96,7 @@ class Server:
         )
 
     def pids(self) -> list[int]:
-        """The server's process and its children (ours: the telemetry relay)."""
+        """The server's process and its children."""
         pid = self.proc.pid
         try:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -464,8 +451,7 @@ def decisions_while_pushing(
 
 def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, float, float]:
     """Pushes per second at the most the pushers can send, and CPU µs per push: of the server's
-    processes together, and of its main process alone (ours: the scheduler's process, without
-    the relay)."""
+    processes together, and of its main process alone."""
     cpu0, main0 = server.cpu_s(), proc_cpu_s(server.proc.pid)
     t0, ps, queue = ingest(server.push_port, nodes, seconds, rate=0.0)
     counts = [queue.get(timeout=seconds + 60) for _ in ps]
@@ -555,16 +541,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="1k and 5k nodes, fewer cycles (< 5 min)")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
-    p.add_argument(
-        "--no-relay", action="store_true", help="ours takes pushes on the scheduler's port"
-    )
-    p.add_argument(
-        "--settle-ms", type=float, default=Server.settle_ms,
-        help="ours decides on pushes in batches this often (manifests/ deploy 100; 0: each)",
-    )  # fmt: skip
     args = p.parse_args()
-    Server.relay = not args.no_relay
-    Server.settle_ms = args.settle_ms
     sizes = (1000, 5000) if args.quick else (1000, 5000, 10000)
     blocks, cycles = (4, 150) if args.quick else (6, 300)
     naive_cycles = 16 if args.quick else 32
@@ -572,8 +549,6 @@ def main() -> int:
     result: dict[str, Any] = {
         "machine": versions(),
         "quick": args.quick,
-        "relay": Server.relay,
-        "settle_ms": Server.settle_ms,
         "latency": {},
         "cycles_per_s": {},
     }
@@ -697,7 +672,6 @@ def main() -> int:
         load(ours, 10_000)
         result["memory"] = {
             "extender_rss_mib_10k": round(ours.rss_mib(), 1), "extender_rss_mib_empty": round(base, 1),
-            "relay_rss_mib": round(sum(rss_mib(pid) for pid in ours.pids()[1:]), 1),
             "floor_rss_mib_empty": round(floor.rss_mib(), 1),
         }  # fmt: skip
         result["memory"].update(agent_cost(ours.push_port, 10.0 if args.quick else 30.0))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from pydantic import ValidationError
 from scheduler_extender import __version__
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
-from scheduler_extender.serving import CpuSplit, cpu_list, split_cpus, tune_gc, uvicorn_options
+from scheduler_extender.serving import uvicorn_options
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,18 +26,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8888)")
-    p.add_argument(
-        "--ingest-port", type=int, help="also take telemetry here, in a relay process of its own"
-    )
-    p.add_argument(
-        "--settle-ms", type=float, help="decide on pushes in batches this often (default 0: each)"
-    )
-    p.add_argument(
-        "--split-cpus",
-        action="store_true",
-        default=None,
-        help="the scheduler's process on a CPU of its own, the relay on the others",
-    )
     p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
     p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -97,10 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if settings.split_cpus and settings.ingest_port is None:
-        print("gpu-sched-extender: --split-cpus needs --ingest-port (the relay)", file=sys.stderr)
-        return 2
-    cpus = _split_cpus() if settings.split_cpus else None
     kube = None
     if settings.has_cluster:
         from scheduler_extender.k8s.client import KubeApi, load_api_client
@@ -115,27 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
         print("gpu-sched-extender: --tls-cert-file and --tls-key-file go together", file=sys.stderr)
         return 2
-    listener = None
-    if settings.ingest_port is not None:
-        from scheduler_extender.api.relay import listen
-
-        try:
-            listener = listen(settings.host, settings.ingest_port)
-        except OSError as exc:
-            print(
-                f"gpu-sched-extender: cannot listen on {settings.host}:{settings.ingest_port} "
-                f"(--ingest-port): {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return 2
     try:
         app = create_app(
             settings,
             policy=policy,
             policy_source=str(settings.policy_file) if settings.policy_file else "defaults",
             kube=kube,
-            ingest_listener=listener,
-            relay_cpus=cpus.relay if cpus is not None else None,
         )
     except (OSError, ValueError) as exc:
         print(f"gpu-sched-extender: {exc}", file=sys.stderr)
@@ -146,28 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "ssl_certfile": str(settings.tls_cert_file),
             "ssl_keyfile": str(settings.tls_key_file),
         }
-    tune_gc()
     uvicorn.run(
         app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level), **tls
     )
     return 0
-
-
-def _split_cpus() -> CpuSplit | None:
-    """Move this process to its CPU of the split (before any thread starts: they inherit it)."""
-    log = logging.getLogger("scheduler_extender")
-    allowed = os.sched_getaffinity(0)
-    cpus = split_cpus(allowed)
-    if cpus is None:
-        log.warning(
-            "--split-cpus: this process may use CPU %s only; the relay shares it",
-            cpu_list(allowed),
-        )
-        return None
-    os.sched_setaffinity(0, cpus.scheduler)
-    log.info(
-        "scheduler's process on CPU %s, telemetry relay on CPU %s",
-        cpu_list(cpus.scheduler),
-        cpu_list(cpus.relay),
-    )
-    return cpus

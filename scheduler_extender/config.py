@@ -24,31 +24,6 @@ class ExtenderSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on; 0.0.0.0 in a Pod.")
     port: int = Field(8888, ge=1, le=65535, description="Port for the scheduler and telemetry.")
-    ingest_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Also take telemetry pushes on this port, served by a relay process of "
-        "their own so that pushes do not slow the scheduler's verbs; unset = no relay.",
-    )
-    settle_ms: float = Field(
-        0.0,
-        ge=0,
-        le=10_000,
-        description="0: every decision sees every push taken before it. Otherwise pushes are "
-        "decided on in batches every settle_ms (at most twice that late), off the scheduler's "
-        "requests; binds and other cluster changes are still seen at once.",
-    )
-    ingest_nice: int = Field(
-        10, ge=0, le=19, description="How much lower the relay's CPU priority is (nice)."
-    )
-    split_cpus: bool = Field(
-        False,
-        description="Run the scheduler's process on a CPU of its own (the last one the process "
-        "may use) and the relay on the others, so that the relay's work never preempts a verb; "
-        "needs ingest_port and two CPUs or more (best: a Guaranteed pod with whole CPUs under "
-        "the kubelet's static CPU manager policy).",
-    )
     path_prefix: str = Field(
         "",
         pattern=r"^(/[A-Za-z0-9._~-]+)*$",

@@ -113,11 +113,6 @@ class ExtenderMetrics:
             "1 while this replica holds the leader Lease (acts on the cluster).",
             registry=registry,
         )
-        self.relay_restarts = Counter(
-            "edgegpu_extender_relay_restarts_total",
-            "Times the telemetry relay process (--ingest-port) exited and was started again.",
-            registry=registry,
-        )
         registry.register(_TelemetryAge(state))
         # Children of the per-request series, looked up once (a labels() call takes a lock).
         self._verdict_children: dict[tuple[str, int], Counter] = {}

@@ -15,11 +15,8 @@ of untracked items leaves the collector's lists after its first collection; an e
 shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
-and sequence number, labels, and one row of floats per GPU. The telemetry relay decodes each
-push and sends its digest along with the body, so that the scheduler's process stores a push
-without decoding it (the report itself is decoded from the body only when it is asked for, as
-``/debug/nodes/{name}`` does). Imports msgspec, the standard library and ``domain`` only:
-the relay imports this module.
+and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
+library and ``domain`` only.
 """
 
 from __future__ import annotations
@@ -204,11 +201,3 @@ def digest(report: TelemetryReport) -> Digest:
         gpus=rows.tobytes(),
         pods=tuple(pods),
     )
-
-
-def digest_body(body: bytes) -> Digest | None:
-    """The digest of a push body; None when it is not a valid report."""
-    try:
-        return digest(REPORT_DECODER.decode(body))
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-        return None  # an unknown field nested past the interpreter's depth: not a report

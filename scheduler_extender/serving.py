@@ -1,15 +1,12 @@
-"""How the extender's processes serve HTTP: uvicorn options, GC tuning and raw ASGI helpers.
+"""How the extender serves HTTP: uvicorn options and the raw ASGI helpers of the hot routes.
 
-Shared by the scheduler's process (``api``), the telemetry relay process (``relay``) and the
-benchmarks' floor. Standard library only, so that the relay stays small.
+Standard library only; shared with the benchmarks' floor.
 """
 
 from __future__ import annotations
 
-import gc
 import importlib.util
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -18,52 +15,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 TELEMETRY_PATH = "/v1/telemetry"
-"""Where agents push (DESIGN.md §3), on the scheduler's port and on the relay's."""
+"""Where agents push (DESIGN.md §3), on the scheduler's port."""
 
 _CONTENT_TYPE = (b"content-type", b"application/json")
 
 
-def tune_gc() -> None:
-    """Keep the cyclic garbage collector off the request path (the benchmarks' floor too).
-
-    A 5,000-node request with full Node objects creates about a million objects; with the
-    default thresholds (700 allocations) the collector runs hundreds of times per request and
-    walks every live object each full pass, which doubled the time to parse such a body.
-    Start-up objects are frozen out of collection, and young collections run every 50,000
-    allocations. Reference counting frees almost everything here anyway; cycles still go.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
-@dataclass(frozen=True)
-class CpuSplit:
-    """Which CPUs the scheduler's process and the telemetry relay run on (``--split-cpus``)."""
-
-    scheduler: frozenset[int]
-    relay: frozenset[int]
-
-
-def split_cpus(allowed: Iterable[int]) -> CpuSplit | None:
-    """The scheduler's process on the last of these CPUs, the relay on the rest (None: under two).
-
-    A verb that the relay's work cannot preempt waits less under pushes. The last CPU rather
-    than the first, which tends to take more of a machine's interrupts.
-    """
-    cpus = sorted(set(allowed))
-    if len(cpus) < 2:
-        return None
-    return CpuSplit(frozenset(cpus[-1:]), frozenset(cpus[:-1]))
-
-
-def cpu_list(cpus: Iterable[int]) -> str:
-    """CPUs as the kernel lists them for people, without ranges: ``0,2,3``."""
-    return ",".join(map(str, sorted(cpus)))
-
-
 def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
-    """How the extender runs under uvicorn (the relay and the benchmarks' floor too).
+    """How the extender runs under uvicorn (the benchmarks' floor too).
 
     uvloop and httptools when present, no access log: the scheduler waits on every call we
     answer, and an access log line costs as much as a small filter. Idle keep-alive

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender import __version__
-from scheduler_extender.api import fast, relay, routes_debug, turns
+from scheduler_extender.api import fast, routes_debug
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewAuth
@@ -44,8 +44,6 @@ def create_app(
     auth: AgentAuth | None = None,
     state: ClusterState | None = None,
     kube: KubeApi | None = None,
-    ingest_listener: socket.socket | None = None,
-    relay_cpus: frozenset[int] | None = None,
 ) -> FastAPI:
     """Build the extender app. Nothing is created at import time; tests build fresh apps.
 
@@ -55,9 +53,7 @@ def create_app(
     loopback or carry a static token.
     """
     settings = settings or ExtenderSettings()
-    state = state or ClusterState(
-        clock or SystemClock(), policy, settle_s=settings.settle_ms / 1000
-    )
+    state = state or ClusterState(clock or SystemClock(), policy)
     registry = registry or CollectorRegistry()
     if binder is None and kube is not None:
         binder = KubeBinder(kube)
@@ -115,24 +111,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        supervisor = None
-        settling = None
-        if ingest_listener is not None:
-            supervisor = app.state.relay = relay.RelaySupervisor(ctx, ingest_listener, relay_cpus)
-            await supervisor.start()
-        if state.settle_s > 0:
-            settling = asyncio.create_task(turns.settle_loop(state, state.settle_s))
-        try:
-            if kube is None:
+        if kube is None:
+            yield
+        else:
+            async with _cluster(kube):
                 yield
-            else:
-                async with _cluster(kube):
-                    yield
-        finally:
-            if settling is not None:
-                settling.cancel()
-            if supervisor is not None:
-                await supervisor.stop()
 
     app = fast.ExtenderAPI(
         title="edgegpu scheduler extender",
@@ -142,7 +125,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
-    app.state.relay = None  # the RelaySupervisor, while the lifespan runs with ingest_listener
     app.include_router(routes_debug.router)
     app.fast = fast.FastRoutes(ctx, prefix=settings.path_prefix)
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from scheduler_extender.api.turns import PushTurns
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
@@ -33,8 +32,6 @@ class AppContext:
     sync: ClusterSync | None = None
     elector: LeaseElector | None = None
     warned: set[str] = field(default_factory=set)
-    push_turns: PushTurns = field(default_factory=PushTurns)
-    """Pushes are applied one per event-loop turn, after the scheduler's verbs."""
 
     @property
     def ready(self) -> bool:

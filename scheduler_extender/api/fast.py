@@ -81,7 +81,6 @@ class FastRoutes:
                 push = await read_push(scope, receive, ctx.settings.max_telemetry_bytes)
                 status, out = await ingest.push(ctx, *push)
             else:
-                ctx.push_turns.verb()
                 limit = ctx.settings.max_request_bytes
                 body = await read_body(receive, limit, declared_length(scope))
                 if body is None:

@@ -15,7 +15,6 @@ import orjson
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.k8s.auth import AuthError, Identity
-from scheduler_extender.report import Digest
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 from scheduler_extender.telemetry.store import PutResult, Received
 
@@ -42,12 +41,10 @@ async def admit(
     body: bytes | None,
     client: str | None,
     token: str | None,
-    made: Digest | None = None,
 ) -> Received | tuple[int, bytes]:
     """Authenticate and decode one push: the push to store, or the (status, JSON body) refusing it.
 
-    ``body`` None means it was over the size cap. ``made``: the body's digest, made by the
-    telemetry relay from a body it found valid (the body is then not decoded here).
+    ``body`` None means it was over the size cap.
     """
     metrics = ctx.metrics.telemetry
     identity: Identity | None = None
@@ -72,14 +69,11 @@ async def admit(
     if body is None:
         metrics.labels("too_large").inc()
         return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
-    if made is not None:
-        push = Received(made, body)
-    else:
-        try:
-            push = Received.of(decode_report(body, _MAX_PROBLEMS))
-        except ReportError as exc:
-            metrics.labels("invalid").inc()
-            return _error(422, str(exc), problems=exc.problems)
+    try:
+        push = Received.of(decode_report(body, _MAX_PROBLEMS))
+    except ReportError as exc:
+        metrics.labels("invalid").inc()
+        return _error(422, str(exc), problems=exc.problems)
     if ctx.auth is not None and identity is not None:
         try:
             ctx.auth.authorize(identity, push.digest.node)
@@ -110,11 +104,9 @@ async def push(
     body: bytes | None,
     client: str | None,
     token: str | None,
-    made: Digest | None = None,
 ) -> tuple[int, bytes]:
-    """One push → (status, JSON body), stored after the scheduler's verbs waiting now."""
-    checked = await admit(ctx, body, client, token, made)
+    """One push → (status, JSON body)."""
+    checked = await admit(ctx, body, client, token)
     if not isinstance(checked, Received):
         return checked
-    await ctx.push_turns.take()  # the scheduler's verbs that came meanwhile go first
     return answer(ctx, checked.digest.node, ctx.state.ingest(checked))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -57,14 +57,6 @@ DECISION_MEMO_SIZE = 64
 """Decisions kept by (candidate list, demand shape, group)."""
 
 _MemoKey = tuple[bytes, DemandKey, str | None]
-
-WARM_FACT_ROWS = 64
-"""Rows whose GPU facts one ``warm`` step works out (a few tenths of a millisecond)."""
-
-WARM_ROWS = 512
-"""Rows whose verdicts for one shape a ``warm`` step works out. A verdict step costs mostly
-numpy's per-call overhead, so 512 rows cost little more than 128: a warm of 500 rows and 17
-kept decisions took 9.5 ms in 38 steps instead of 14-19 ms in 89, its longest steps alike."""
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
@@ -136,47 +128,6 @@ class _Cycle:
         return self._position[rows]
 
 
-@dataclass(slots=True)
-class _Warming:
-    """A settle's rows while ``warm`` decides the kept decisions again.
-
-    Until the warm has reached a kept decision, a request of it is answered as before the
-    settle for the rows whose only change is that settle (``waits``): the warm decides them a
-    few milliseconds later, in its own steps, rather than the scheduler's request. A row
-    written again since (a bind, labels, a release) is decided by the request as always.
-    """
-
-    rows: npt.NDArray[np.int64]
-    """The rows the settle changed."""
-    before: npt.NDArray[np.int64]
-    """By row: its settled version before the settle (-1: not in it)."""
-    after: npt.NDArray[np.int64]
-    """By row: its settled version right after the settle (-1: not in it)."""
-    warmed: set[_MemoKey] = field(default_factory=set)
-
-    @classmethod
-    def of(
-        cls,
-        rows: npt.NDArray[np.int64],
-        before: npt.NDArray[np.int64],
-        settled: npt.NDArray[np.int64],
-    ) -> _Warming:
-        """The settle of ``rows`` (settled at ``before`` until then) into the ``settled`` column."""
-        by_row_before = np.full(settled.shape[0], -1, dtype=np.int64)
-        by_row_after = by_row_before.copy()
-        by_row_before[rows], by_row_after[rows] = before, settled[rows]
-        return cls(rows, by_row_before, by_row_after)
-
-    def waits(
-        self, rows: npt.NDArray[np.int64], kept: npt.NDArray[np.int64], now: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.bool_]:
-        """Which rows of a kept decision (made at ``kept``, settled at ``now``) the warm decides."""
-        if rows.size and int(rows.max()) >= self.before.shape[0]:
-            return np.zeros(rows.shape[0], dtype=np.bool_)  # rows newer than the settle
-        waits: npt.NDArray[np.bool_] = (self.before[rows] == kept) & (self.after[rows] == now)
-        return waits
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Filter and prioritize answers for one request, aligned with ``names``."""
@@ -191,19 +142,9 @@ class Decision:
 class ClusterState:
     """The extender's whole memory. Not thread-safe: every call comes from one event loop."""
 
-    def __init__(
-        self, clock: Clock, policy: Policy = DEFAULT_POLICY, settle_s: float = 0.0
-    ) -> None:
+    def __init__(self, clock: Clock, policy: Policy = DEFAULT_POLICY) -> None:
         self.clock = clock
         self.policy = policy
-        self.settle_s = settle_s
-        """0: a decision sees every push taken before it. Otherwise telemetry writes are
-        decided on in batches (``settle``), each at most ``2 * settle_s`` after it arrived."""
-        self._settled_at = -float("inf")
-        self._to_warm: _Warming | None = None
-        """The last settle, until ``warm`` takes it."""
-        self._warming: _Warming | None = None
-        """The settle that ``warm`` is deciding the kept decisions of, while it does."""
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
@@ -216,8 +157,6 @@ class ClusterState:
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
         self._decisions: OrderedDict[_MemoKey, _Memo] = OrderedDict()
-        self._sources: dict[_MemoKey, tuple[NameSet, PodDemand]] = {}
-        """What each kept decision was for, so that ``warm`` can decide it again."""
         self._cycle: _Cycle | None = None
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
@@ -253,63 +192,8 @@ class ClusterState:
             for _, pod_uid, _ in push.digest.pods:
                 self.allocations.renew(pod_uid, now + ttl)
         if taken:
-            with self.table.deferred(self.settle_s > 0):
-                self._write_nodes(list(taken))
+            self._write_nodes(list(taken))
         return results
-
-    def settle(self) -> int:
-        """Let decisions see every telemetry write so far; returns the rows that had one.
-
-        With ``settle_s`` 0 there is never anything to settle. Otherwise ``settle`` is called
-        every ``settle_s`` (then ``warm``), and a decision calls it itself when it has not run
-        for twice as long. Writes other than telemetry (binds, releases, labels, policy) are
-        seen at once: a bind is never decided on late.
-        """
-        self._settled_at = self.clock.monotonic()
-        changed, before = self.table.settle()
-        self._warming = None  # a warm still running is for an older settle: stop deferring
-        self._to_warm = (
-            _Warming.of(changed, before, self.table.column("settled")) if changed.size else None
-        )
-        return int(changed.size)
-
-    def warm(self) -> Iterator[None]:
-        """Decide the kept decisions again after ``settle``, in steps of under a millisecond.
-
-        First the GPU facts of the settled rows (``WARM_FACT_ROWS`` a step), then for each
-        kept decision (most recent first) its shape's verdicts of those rows (``WARM_ROWS`` a
-        step), then the decision itself. The caller yields to the scheduler's requests between
-        steps; until the warm has reached a decision, a request of it is answered as before the
-        settle for the settled rows (``_Warming``).
-        """
-        warming, self._to_warm = self._to_warm, None
-        self._warming = warming
-        changed = warming.rows if warming is not None else _NO_ROWS
-        try:
-            for at in range(0, changed.size, WARM_FACT_ROWS):
-                part = changed[at : at + WARM_FACT_ROWS]
-                self._verdicts.facts.refresh(self.table, part, self.policy, self.clock.monotonic())
-                yield
-            parts = [changed[i : i + WARM_ROWS] for i in range(0, changed.size, WARM_ROWS)]
-            for key in reversed(list(self._decisions)):
-                source = self._sources.get(key)
-                if source is None:
-                    continue
-                nameset, demand = source
-                if nameset.index_version != self.table.index_version:
-                    continue
-                for part in parts:
-                    now = self.clock.monotonic()
-                    self._verdicts.lookup(self.table, part, demand, self.policy, now, self.mix)
-                    yield
-                if warming is not None:
-                    warming.warmed.add(key)
-                ctx, _, stamp = self._grounds(nameset, demand)
-                self._memo_for(key, nameset, demand, self.clock.monotonic(), ctx, stamp)
-                yield
-        finally:
-            if self._warming is warming:
-                self._warming = None
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
@@ -447,20 +331,12 @@ class ClusterState:
         and group is kept, and only its rows that were written since, or whose cool-down or
         freshness ran out, are decided again.
 
-        With ``settle_s`` set, "changed" means settled (``settle``): telemetry taken since the
-        last settle waits for the next one, binds and other writes count at once. While
-        ``warm`` runs, a kept decision it has not reached yet still answers as before the
-        settle for the rows whose only change is that settle (``_Warming``): the warm decides
-        them moments later, so the scheduler's requests never do.
-
         One exception, as kube-scheduler's own cycle works from one snapshot: a ``prioritize``
         that follows its pod's ``filter`` (no other pod's request between, within ``CYCLE_S``)
         scores the nodes as that filter saw them, so that filter and scores agree and the
         rows written in the millisecond between are not decided again.
         """
         now = self.clock.monotonic()
-        if self.settle_s and now - self._settled_at >= 2 * self.settle_s:
-            self.settle()
         if verb == "prioritize":
             kept = self._from_cycle(names, demand, raw_names, now)
             if kept is not None:
@@ -503,31 +379,21 @@ class ClusterState:
     ) -> _Memo:
         """The kept decision of a list for a shape, with the rows changed since decided again."""
         rows = nameset.rows
-        version = self.table.column("settled")[rows]
+        version = self.table.column("version")[rows]
         memo = self._decisions.get(key)
         if memo is None or memo.stamp != stamp:
             memo = self._decide_rows(rows, demand, now, ctx, None).kept(version, stamp)
         else:
-            changed = version != memo.version
-            warming = self._warming
-            if warming is not None and key not in warming.warmed and changed.any():
-                waits = warming.waits(rows, memo.version, version)
-                if waits.any():
-                    # Left to the warm: they keep the version they were decided at.
-                    changed &= ~waits
-                    version = np.where(waits, memo.version, version)
-            dirty = changed | (now >= memo.deadline)
+            dirty = (version != memo.version) | (now >= memo.deadline)
             if dirty.any():
                 at = np.flatnonzero(dirty)
                 memo = memo.patched(
                     at, self._decide_rows(rows[at], demand, now, ctx, None), version
                 )
         self._decisions[key] = memo
-        self._sources[key] = (nameset, demand)
         self._decisions.move_to_end(key)
         while len(self._decisions) > DECISION_MEMO_SIZE:
-            gone, _ = self._decisions.popitem(last=False)
-            self._sources.pop(gone, None)
+            self._decisions.popitem(last=False)
         return memo
 
     def _grounds(
@@ -781,13 +647,12 @@ class ClusterState:
     def _rack_free(self, demand: PodDemand) -> npt.NDArray[np.float64]:
         """Free room per rack id for the pod's kind of request (blocks or whole GPUs).
 
-        Summed again only after a row changed as decisions see it (``settle``): job groups
-        arrive in bursts of pods.
+        Summed again only after a row changed: job groups arrive in bursts of pods.
         """
         if self.table.rack_count == 0:
             return np.zeros(0)
         whole = demand.needs_whole_gpu
-        stamp = (self.table.settled_writes, self.table.rack_count, id(self.policy))
+        stamp = (self.table.writes, self.table.rack_count, id(self.policy))
         cached = self._rack_free_cache.get(whole)
         if cached is not None and cached[0] == stamp:
             return cached[1]

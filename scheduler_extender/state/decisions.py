@@ -3,10 +3,9 @@
 ``FactsCache``: each node's ``gpu_facts`` (what its GPUs offer whatever the pod asks), worked
 out once per row version and shared by every demand shape. ``VerdictCache``: per demand shape
 (class, blocks or whole GPUs), each node's GPU verdict, kept until the node's row changes or one
-of its GPUs leaves its cool-down. Both go by the table's settled versions (``NodeTable.settle``):
-a row written is decided again once its write is settled; a row worked out for the first time
-reads the table as it is now. A request recomputes only the rows that changed since the
-last request of that shape, with the same pure ``gpu_verdict`` the policy defines.
+of its GPUs leaves its cool-down. Both go by the table's row versions: a request recomputes
+only the rows written since the last request of that shape, with the same pure ``gpu_verdict``
+the policy defines.
 ``NameSets``: the scheduler sends the same candidate list again and again; the list's raw bytes
 map to its rows and to a ready answer template.
 """
@@ -81,7 +80,7 @@ class _Verdicts:
 def distinct(rows: IntArray) -> IntArray:
     """The rows once each.
 
-    Rows already in increasing order (a settle's, most candidate lists') come back as they
+    Rows already in increasing order (most candidate lists) come back as they
     are: checking the order costs a fraction of sorting them.
     """
     if rows.size < 2 or bool((rows[1:] > rows[:-1]).all()):
@@ -137,12 +136,9 @@ class FactsCache:
         self._arrays["terms"] = terms
 
     def refresh(self, table: NodeTable, rows: IntArray, policy: Policy, now: float) -> bool:
-        """Work out again the facts of the rows written since they were last; whether any was.
-
-        ``warm`` calls this alone: it wants the facts ready, not handed out.
-        """
+        """Work out again the facts of the rows written since they were last; whether any was."""
         if self._gpus == table.gpu_slots and self._version.shape[0] >= table.capacity:
-            stale = self._version[rows] != table.column("settled")[rows]
+            stale = self._version[rows] != table.column("version")[rows]
             if not stale.any():
                 return False
             todo = distinct(rows[stale])
@@ -155,7 +151,7 @@ class FactsCache:
             a[name][todo] = getattr(fresh, name)
         a["terms"][:, todo] = fresh.terms
         a["host_cpu"][todo], a["host_memory"][todo] = fresh.host.cpu, fresh.host.memory
-        self._version[todo] = table.column("settled")[todo]
+        self._version[todo] = table.column("version")[todo]
         self.computed_rows += int(todo.size)
         return True
 
@@ -163,7 +159,7 @@ class FactsCache:
         """The facts of these rows; rows written since they were last worked out are redone.
 
         Asked for the same rows as last time, none of them redone since, it answers the same
-        facts again: a warm asks for the settled rows once per demand shape.
+        facts again (the verdicts of several shapes ask for the same rows).
         """
         redo = self.refresh(table, rows, policy, now)
         last = self._last
@@ -232,7 +228,7 @@ class VerdictCache:
         else:
             self._shapes.move_to_end(key)
         entry.grow(table.capacity)
-        version = table.column("settled")
+        version = table.column("version")
         dirty = (entry.version[rows] != version[rows]) | (now >= entry.valid_until[rows])
         if dirty.any():
             todo = distinct(rows[dirty])

@@ -7,8 +7,7 @@ stands in for nodes nobody has heard of. Imports numpy and ``policy.combine`` (f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
 
@@ -74,9 +73,6 @@ class NodeTable:
         self.index_version = 0
         """Bumped whenever a name gains or loses a row (caches of name → row check it)."""
         self._writes = 0
-        self._seen_writes = 0
-        self.deferring = False
-        """While set, row writes wait for ``settle`` before decisions see them."""
         self._names: list[str | None] = [None]
         self._free_rows: list[int] = []
         self._racks: dict[str, int] = {}
@@ -95,7 +91,7 @@ class NodeTable:
             return np.zeros(rows, dtype=np.bool_)
         if name == "rack":
             return np.full(rows, -1, dtype=np.int64)
-        if name in ("version", "settled"):
+        if name == "version":
             return np.zeros(rows, dtype=np.int64)
         if name in _GPU_FLOAT:
             return np.full((rows, gpus), np.nan)
@@ -113,7 +109,6 @@ class NodeTable:
             *_NODE_BOOL,
             "rack",
             "version",
-            "settled",
             *_GPU_FLOAT,
             *_GPU_BOOL,
             "health",
@@ -158,50 +153,20 @@ class NodeTable:
         return row
 
     @property
-    def settled_writes(self) -> int:
-        """Changes decisions can see: unchanged means no settled row has changed."""
-        return self._seen_writes
+    def writes(self) -> int:
+        """Row writes so far: unchanged means no row has changed."""
+        return self._writes
 
     def _touch(self, row: int) -> None:
-        # Every write gives the row a new version. Decisions go by the settled version, which
-        # follows at once unless the write is deferred; cached verdicts of the row then lapse.
+        # Every write gives the row a new version; cached verdicts of the row then lapse.
         self._writes += 1
         self._cols["version"][row] = self._writes
-        if not self.deferring:
-            self._cols["settled"][row] = self._writes
-            self._seen_writes += 1
 
     def _touch_rows(self, rows: npt.NDArray[np.int64]) -> None:
         """``_touch`` for several distinct rows at once."""
         first = self._writes + 1
         self._writes += rows.size
-        versions = np.arange(first, self._writes + 1)
-        self._cols["version"][rows] = versions
-        if not self.deferring:
-            self._cols["settled"][rows] = versions
-            self._seen_writes += rows.size
-
-    @contextmanager
-    def deferred(self, defer: bool = True) -> Iterator[None]:
-        """Row writes made inside wait for the next ``settle`` (when ``defer``)."""
-        was, self.deferring = self.deferring, defer
-        try:
-            yield
-        finally:
-            self.deferring = was
-
-    def settle(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Let decisions see every deferred write.
-
-        Returns the rows that had one, and their settled versions before.
-        """
-        version, settled = self._cols["version"], self._cols["settled"]
-        changed = np.flatnonzero(version != settled)
-        before = settled[changed]
-        if changed.size:
-            settled[:] = version
-            self._seen_writes += 1
-        return changed, before
+        self._cols["version"][rows] = np.arange(first, self._writes + 1)
 
     def _ensure_gpus(self, count: int) -> None:
         if count > self._gpus:

@@ -11,19 +11,14 @@ from dataclasses import dataclass
 import msgspec
 
 from scheduler_extender.policy import thermal
-from scheduler_extender.report import REPORT_DECODER, Digest, TelemetryReport, digest
+from scheduler_extender.report import Digest, TelemetryReport, digest
 
 
 class Received(msgspec.Struct, frozen=True, gc=False):
-    """One push to store: its digest, and its report or the body that decodes to it.
-
-    A push that came through the telemetry relay has a body and a digest made by the relay,
-    and is not decoded here unless its report is asked for (``NodeRecord.report``).
-    """
+    """One push to store: its report, and the digest the table is written from."""
 
     digest: Digest
-    body: bytes = b""
-    report: TelemetryReport | None = None
+    report: TelemetryReport
 
     @classmethod
     def of(cls, report: TelemetryReport) -> Received:
@@ -42,19 +37,10 @@ class NodeRecord(msgspec.Struct, gc=False):
     received_at: float
     """Monotonic time of the last accepted report."""
     received_wall: float
+    report: TelemetryReport
+    """The full report, as ``/debug/nodes/{name}`` shows it."""
     thermal: dict[str, thermal.ThermalState] = msgspec.field(default_factory=dict)
     """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
-    body: bytes = b""
-    """The push body, until ``report`` decodes it."""
-    decoded: TelemetryReport | None = None
-
-    @property
-    def report(self) -> TelemetryReport:
-        """The full report (decoded from the body the first time it is asked for)."""
-        if self.decoded is None:
-            self.decoded = REPORT_DECODER.decode(self.body)
-            self.body = b""
-        return self.decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +92,7 @@ class TelemetryStore:
                 state = thermal.step(state, None if math.isnan(temp) else temp, now, args)
                 if state is not thermal.COOL:
                     new_states[uuid] = state
-        self._records[d.node] = NodeRecord(d, now, wall, new_states, push.body, push.report)
+        self._records[d.node] = NodeRecord(d, now, wall, push.report, new_states)
         return PutResult(True)
 
     def forget(self, node: str) -> None:

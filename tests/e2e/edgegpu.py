@@ -77,7 +77,6 @@ class Extender:
     cp: ControlPlane
     name: str
     port: int = field(default_factory=free_port)
-    ingest_port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
     process: Process | None = None
 
@@ -88,8 +87,8 @@ class Extender:
 
     @property
     def ingest_url(self) -> str:
-        """Where agents push."""
-        return f"http://127.0.0.1:{self.ingest_port}"
+        """Where agents push (the same port: the DaemonSet's URL names it)."""
+        return self.url
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The manifest's arguments and environment, rewritten for a process on loopback."""
@@ -106,9 +105,6 @@ class Extender:
             elif arg == "--port":
                 next(it)
                 out += ["--port", str(self.port)]
-            elif arg == "--ingest-port":
-                next(it)
-                out += ["--ingest-port", str(self.ingest_port)]
             elif arg == "--in-cluster":
                 out += ["--kubeconfig", str(self.kubeconfig)]
             else:

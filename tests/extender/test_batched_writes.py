@@ -1,8 +1,7 @@
 """Pushes stored together (``ClusterState.ingest_many``, ``NodeTable.write_nodes``).
 
-Relayed pushes held for a settle are applied a step at a time: the rows of a step are written
-in one go. Whatever the batch, the state must be exactly what storing the same pushes one by
-one leaves.
+The rows of a batch are written in one go. Whatever the batch, the state must be exactly what
+storing the same pushes one by one leaves.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def node_writes(draw: st.DrawFn) -> list[dict[str, Any]]:
 def columns(table: NodeTable) -> dict[str, np.ndarray]:
     names = [
         *("received_at", "interval_s", "known", "driver_ok", "rdma", "rack"),
-        *("version", "settled", "present", "hot", "health"),
+        *("version", "present", "hot", "health"),
         *GPU_REPORT_COLUMNS[1:-2],
     ]
     return {name: table.column(name).copy() for name in names}
@@ -75,35 +74,32 @@ def columns(table: NodeTable) -> dict[str, np.ndarray]:
 def same_tables(a: NodeTable, b: NodeTable) -> None:
     assert a.names() == b.names()
     assert [a.row(n) for n in NODES] == [b.row(n) for n in NODES]
-    assert a.settled_writes == b.settled_writes
+    assert a.writes == b.writes
     for name, column in columns(a).items():
         np.testing.assert_array_equal(column, columns(b)[name], err_msg=name)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(node_writes(), min_size=1, max_size=4), st.booleans())
-def test_a_batch_of_row_writes_leaves_what_writing_them_one_by_one_does(batches, defer):
+@given(st.lists(node_writes(), min_size=1, max_size=4))
+def test_a_batch_of_row_writes_leaves_what_writing_them_one_by_one_does(batches):
     together, one_by_one = NodeTable(rows=2, gpus=2), NodeTable(rows=2, gpus=2)
     for batch in batches:
-        with together.deferred(defer), one_by_one.deferred(defer):
-            together.write_nodes(
-                [w["node"] for w in batch],
-                received_at=[w["received_at"] for w in batch],
-                interval_s=[w["interval_s"] for w in batch],
-                driver_ok=[w["driver_ok"] for w in batch],
-                racks=[w["rack"] for w in batch],
-                rdma=[w["rdma"] for w in batch],
-                gpus=np.concatenate([w["gpus"] for w in batch]),
-                counts=[len(w["gpus"]) for w in batch],
-            )
-            for w in batch:
-                one_by_one.write_node(
-                    w["node"], received_at=w["received_at"], interval_s=w["interval_s"],
-                    driver_ok=w["driver_ok"], rack=w["rack"], rdma=w["rdma"], gpus=w["gpus"],
-                )  # fmt: skip
+        together.write_nodes(
+            [w["node"] for w in batch],
+            received_at=[w["received_at"] for w in batch],
+            interval_s=[w["interval_s"] for w in batch],
+            driver_ok=[w["driver_ok"] for w in batch],
+            racks=[w["rack"] for w in batch],
+            rdma=[w["rdma"] for w in batch],
+            gpus=np.concatenate([w["gpus"] for w in batch]),
+            counts=[len(w["gpus"]) for w in batch],
+        )
+        for w in batch:
+            one_by_one.write_node(
+                w["node"], received_at=w["received_at"], interval_s=w["interval_s"],
+                driver_ok=w["driver_ok"], rack=w["rack"], rdma=w["rdma"], gpus=w["gpus"],
+            )  # fmt: skip
         same_tables(together, one_by_one)
-    together.settle(), one_by_one.settle()
-    same_tables(together, one_by_one)
 
 
 @st.composite
@@ -129,21 +125,17 @@ def pushes(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(pushes(), min_size=1, max_size=3), st.sampled_from([0.0, 1.0]))
-def test_pushes_stored_together_leave_what_storing_them_one_by_one_does(steps, settle_s):
+@given(st.lists(pushes(), min_size=1, max_size=3))
+def test_pushes_stored_together_leave_what_storing_them_one_by_one_does(steps):
     clock = FakeClock()
-    together, one_by_one = (
-        ClusterState(clock, settle_s=settle_s),
-        ClusterState(clock, settle_s=settle_s),
-    )
+    together, one_by_one = ClusterState(clock), ClusterState(clock)
     for step in steps:
         reports = [report_from(doc) for doc in step]
         assert together.ingest_many(reports) == [one_by_one.ingest(r) for r in reports]
         clock.advance(3.0)
-    together.settle(), one_by_one.settle()
     assert together.table.names() == one_by_one.table.names()
     for name, column in columns(together.table).items():
-        if name not in ("version", "settled", "rack"):  # a node pushed twice in a step is
+        if name not in ("version", "rack"):  # a node pushed twice in a step is
             # written once, so versions and the order racks were first seen in may differ
             np.testing.assert_array_equal(column, columns(one_by_one.table)[name], err_msg=name)
     racks = [(t.column("rack") >= 0).tolist() for t in (together.table, one_by_one.table)]

@@ -70,27 +70,6 @@ def test_the_extender_serves_https_that_a_scheduler_with_the_ca_accepts(cert):
         proc.communicate(timeout=10)
 
 
-def test_the_relay_port_serves_the_same_certificate(cert):
-    crt, key = cert
-    ingest = free_port()
-    proc, _ = start(
-        "--tls-cert-file", str(crt), "--tls-key-file", str(key), "--ingest-port", str(ingest)
-    )
-    try:
-        ctx = ssl.create_default_context(cafile=str(crt))
-        wait_up(f"https://127.0.0.1:{ingest}/healthz", ctx, proc)
-        with httpx.Client(verify=ctx) as agent:  # one connection, several pushes
-            for _ in range(3):
-                refused = agent.post(f"https://127.0.0.1:{ingest}/v1/telemetry", content=b"{}")
-                assert refused.status_code == 422  # reached the extender, which checked it
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"https://127.0.0.1:{ingest}/healthz", verify=ssl.create_default_context())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    assert b"Traceback" not in err
-
-
 def test_the_extender_runs_against_a_cluster_from_a_kubeconfig(kube, kubeconfig):
     kube.add_node("n1", {"edgegpu.io/rack": "rack-z"})
     proc, port = start("--kubeconfig", str(kubeconfig), "--namespace", "edgegpu-system")
@@ -119,29 +98,3 @@ def test_a_missing_kubeconfig_exits_2_with_one_line(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "cannot load the cluster configuration" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_split_cpus_runs_the_scheduler_and_the_relay_apart():
-    """``--split-cpus``: the scheduler's process on the last CPU it may use, the relay on the
-    rest; with one CPU it says so and runs as without the flag."""
-    allowed = sorted(os.sched_getaffinity(0))
-    ingest = free_port()
-    proc, port = start("--ingest-port", str(ingest), "--split-cpus", "--log-level", "info")
-    try:
-        wait_up(f"http://127.0.0.1:{ingest}/healthz", True, proc)
-        wait_up(f"http://127.0.0.1:{port}/healthz", True, proc)
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        (relay,) = (int(pid) for pid in children)
-        if len(allowed) >= 2:
-            assert os.sched_getaffinity(proc.pid) == {allowed[-1]}
-            assert os.sched_getaffinity(relay) == set(allowed[:-1])
-        else:
-            assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(relay) == set(allowed)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    if len(allowed) >= 2:
-        assert f"telemetry relay on CPU {','.join(map(str, allowed[:-1]))}".encode() in err
-    else:
-        assert b"the relay shares it" in err
-    assert b"Traceback" not in err

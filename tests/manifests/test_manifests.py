@@ -218,15 +218,16 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
 def test_the_extenders_arguments_are_flags_it_takes_and_valid_settings():
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
     settings = settings_from(extender_parser().parse_args(c["args"]))
-    assert settings.ingest_port is not None and settings.split_cpus and settings.settle_ms > 0
+    assert settings.has_cluster and settings.host == "0.0.0.0"
 
 
-def test_agents_push_to_the_extenders_relay_port():
+def test_agents_push_to_every_extender_on_its_port():
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
-    ingest = next(p for p in c["ports"] if p["name"] == "ingest")
-    assert c["args"][c["args"].index("--ingest-port") + 1] == str(ingest["containerPort"])
-    headless = by_kind("Service", "edgegpu-extender-headless")["spec"]["ports"]
-    service_port = next(p for p in headless if p["targetPort"] == "ingest")["port"]
+    http = next(p for p in c["ports"] if p["name"] == "http")
+    assert c["args"][c["args"].index("--port") + 1] == str(http["containerPort"])
+    headless = by_kind("Service", "edgegpu-extender-headless")["spec"]
+    assert headless["clusterIP"] == "None"
+    service_port = next(p for p in headless["ports"] if p["targetPort"] == "http")["port"]
     (agent,) = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]["containers"]
     url = next(a for a in agent["args"] if a.startswith("--extender-url="))
     assert url.endswith(f"edgegpu-extender-headless.edgegpu-system.svc:{service_port}")
