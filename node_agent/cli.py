@@ -29,6 +29,7 @@ from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent
 from node_agent.push import FlappingLinkTransport, Pusher
 from node_agent.selftest import run_self_test
+from scheduler_extender import logs
 
 log = logging.getLogger("node_agent")
 
@@ -205,9 +206,7 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, open the backend, run."""
     ns = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(ns.log_level)
     try:
         settings = _settings(ns)
     except (ValidationError, ValueError) as exc:

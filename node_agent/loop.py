@@ -314,6 +314,11 @@ class Agent:
                 self.metrics.pushes.labels(url, result).inc()
             if any(r in ("ok", "ignored") for r in outcome.results.values()):
                 self._boost = outcome.performance_gpus
+            if "ignored" in outcome.results.values():
+                # An extender holds a newer report under our boot id (a forged push, or a
+                # copy of this agent): start a new boot id, which resets its ordering.
+                log.warning("an extender ignored our report as not newer: new boot id")
+                self.boot_id, self.seq = str(uuid.uuid4()), 0
         return Round(report, actions, outcome)
 
     async def run(self, stop: asyncio.Event) -> None:

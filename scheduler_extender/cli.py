@@ -7,14 +7,13 @@ once and the process exits with status 2.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler_extender import __version__
+from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.serving import uvicorn_options
@@ -81,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from scheduler_extender.api.app import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(settings.log_level)
     kube = None
     if settings.has_cluster:
         from scheduler_extender.k8s.client import KubeApi, load_api_client

@@ -48,7 +48,9 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
             reported=True,
             age_s=round(age, 3),
             stale=age > spec.stale_telemetry.stale_after_s(report.interval_s),
-            agent=msgspec.structs.asdict(report.agent),
+            # Never the boot id or sequence number: with them a push could be forged that
+            # outranks the agent's own.
+            agent={"version": report.agent.version, "backend": report.agent.backend},
             rack=state.table.rack_name(int(state.table.column("rack")[row])),
             rdma=bool(state.table.column("rdma")[row]),
             node_health=msgspec.structs.asdict(report.node_health),

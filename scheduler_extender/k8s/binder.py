@@ -1,19 +1,20 @@
-"""Bind: write the GPU assignment on the pod, then create its ``v1.Binding``.
+"""Bind: create the pod's ``v1.Binding``, carrying the GPU assignment as pod annotations.
 
 The device plugin (and anyone reading the pod) finds the choice in the pod's annotations
-(DESIGN.md §4), so they are written first. Binding is idempotent: a pod already bound to the
-same node counts as success (a retried bind whose first reply was lost).
+(DESIGN.md §4); the API server writes them as it binds. Binding is idempotent: a pod already
+bound to the same node counts as success (a retried bind whose first reply was lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Protocol
 
 from scheduler_extender.domain import Assignment
 from scheduler_extender.errors import BindError
-from scheduler_extender.k8s.client import KubeApi, KubeError
+from scheduler_extender.k8s.client import BIND_CONCURRENCY, KubeApi, KubeError
 from scheduler_extender.names import (
     ASSIGNED_AT_ANNOTATION,
     GPU_INDEX_ANNOTATION,
@@ -22,10 +23,10 @@ from scheduler_extender.names import (
 
 
 class Binder(Protocol):
-    """Creates the ``v1.Binding`` for a pod after annotating it with its GPU assignment."""
+    """Creates the ``v1.Binding`` for a pod, with its GPU assignment as annotations."""
 
     async def bind(self, assignment: Assignment) -> None:
-        """Annotate and bind; ``BindError`` on failure. Already bound to that node = success."""
+        """Bind; ``BindError`` on failure. Already bound to that node = success."""
         ...
 
 
@@ -41,20 +42,21 @@ def assignment_annotations(assignment: Assignment) -> dict[str, str]:
 
 
 class KubeBinder:
-    """The Binder against the API server (calls run in a worker thread)."""
+    """The Binder against the API server.
+
+    Calls run in worker threads of their own: binds never wait behind other blocking work,
+    and at most ``BIND_CONCURRENCY`` run at once.
+    """
 
     def __init__(self, api: KubeApi) -> None:
         self._api = api
+        self._pool = ThreadPoolExecutor(BIND_CONCURRENCY, thread_name_prefix="bind")
 
     def bind_blocking(self, a: Assignment) -> None:
-        """Annotate (a pod given GPUs), then bind; raises BindError with the server's reason."""
+        """Bind, with the assignment's annotations; raises BindError with the server's reason."""
+        annotations = assignment_annotations(a) if a.gpu_indices else {}
         try:
-            if a.gpu_indices:
-                self._api.annotate_pod(a.namespace, a.name, assignment_annotations(a))
-        except KubeError as exc:
-            raise BindError(f"cannot annotate pod {a.namespace}/{a.name}: {exc}") from None
-        try:
-            self._api.bind_pod(a.namespace, a.name, a.pod_uid, a.node)
+            self._api.bind_pod(a.namespace, a.name, a.pod_uid, a.node, annotations)
         except KubeError as exc:
             if exc.status != 409:
                 raise BindError(f"cannot bind pod {a.namespace}/{a.name}: {exc}") from None
@@ -69,4 +71,4 @@ class KubeBinder:
 
     async def bind(self, assignment: Assignment) -> None:
         """``bind_blocking`` off the event loop."""
-        await asyncio.to_thread(self.bind_blocking, assignment)
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.bind_blocking, assignment)

@@ -54,6 +54,10 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return resp
 
 
+BIND_CONCURRENCY = 32
+"""Binds in flight to the API server at once (kube-scheduler sends them concurrently)."""
+
+
 def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
     """An ApiClient from a kubeconfig file, or from the in-cluster ServiceAccount."""
     cfg = client.Configuration()
@@ -63,6 +67,8 @@ def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
         )
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    # Binds run concurrently (``KubeBinder``): one kept-alive connection each.
+    cfg.connection_pool_maxsize = BIND_CONCURRENCY
     return client.ApiClient(cfg)
 
 
@@ -129,20 +135,21 @@ class KubeApi:
         doc: JsonDict = orjson.loads(_call(self.core.read_namespaced_pod, name, namespace).data)
         return doc
 
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> JsonDict:
-        """Merge ``annotations`` into the pod's."""
-        body = {"metadata": {"annotations": annotations}}
-        doc: JsonDict = orjson.loads(
-            _call(self.core.patch_namespaced_pod, name, namespace, body).data
-        )
-        return doc
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> None:
+        """Create the pod's ``v1.Binding`` to ``node`` (409 if it is bound already).
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Create the pod's ``v1.Binding`` to ``node`` (409 if it is bound already)."""
+        The API server merges the Binding's annotations into the pod's as it binds it: one
+        call, and the pod is never bound without them.
+        """
+        meta: JsonDict = {"name": name, "namespace": namespace}
+        if annotations:
+            meta["annotations"] = annotations
         body: JsonDict = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         if uid:

@@ -263,3 +263,30 @@ async def test_one_nonsense_reading_is_reported_as_null_and_every_other_gpu_stil
     assert (first.temperature_c, first.power_w, first.utilization_pct) == (None, None, None)
     assert first.memory_total_mib is not None  # the rest of that GPU is kept
     assert second.temperature_c is not None and second.power_w is not None
+
+
+async def test_a_forged_push_that_outranks_the_agent_pins_the_node_for_one_round_only():
+    """Issue 28 D7: a push under the agent's boot id with a huge seq made the extender ignore
+    the genuine agent until it restarted. The boot id is no longer shown by /debug, and an
+    agent told its report is not newer starts a new boot id."""
+    clock = Clock()
+    app = create_app()
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        agent = make_agent(clock, pusher=Pusher(["http://extender"], client, clock=clock))
+        first = await agent.round()
+        shown = (await client.get("/debug/nodes/n1")).json()
+        assert first.report.agent.boot_id not in orjson.dumps(shown).decode()
+        forged = orjson.loads(first.report.to_json_bytes())
+        forged["agent"]["seq"] = 2**62
+        forged["gpus"] = []
+        resp = await client.post("/v1/telemetry", content=orjson.dumps(forged))
+        assert resp.json()["accepted"] is True
+        ignored = await agent.round()
+        assert set(ignored.push.results.values()) == {"ignored"}
+        again = await agent.round()
+        assert set(again.push.results.values()) == {"ok"}
+        assert again.report.agent.boot_id != first.report.agent.boot_id
+        assert again.report.agent.seq == 1
+        resp = await client.post("/filter", json=args_names(pod(qos="training"), ["n1"]))
+        assert resp.json()["NodeNames"] == ["n1"]

@@ -499,6 +499,9 @@ class FakeKube:
                         409, "Conflict", f"pod {name} is already assigned to node {bound!r}"
                     )
                 current.setdefault("spec", {})["nodeName"] = target
+                extra = (body.get("metadata") or {}).get("annotations") or {}
+                if extra:  # as the API server does: the Binding's annotations go on the pod
+                    current["metadata"].setdefault("annotations", {}).update(extra)
                 current.setdefault("status", {})["conditions"] = [
                     {"type": "PodScheduled", "status": "True"}
                 ]
