@@ -36,6 +36,7 @@ from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
 from scheduler_extender.report import DIGEST_COLUMNS
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decisions import (
+    CACHED_NAMES,
     DemandKey,
     NameSet,
     NameSets,
@@ -54,7 +55,8 @@ RESERVE_TTL_S = 5.0
 
 
 DECISION_MEMO_SIZE = 64
-"""Decisions kept by (candidate list, demand shape, group)."""
+"""Decisions kept by (candidate list, demand shape, group), holding ``CACHED_NAMES`` rows at
+most together."""
 
 _MemoKey = tuple[bytes, DemandKey, str | None]
 
@@ -157,6 +159,7 @@ class ClusterState:
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
         self._decisions: OrderedDict[_MemoKey, _Memo] = OrderedDict()
+        self._memo_rows = 0
         self._cycle: _Cycle | None = None
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
@@ -390,10 +393,12 @@ class ClusterState:
                 memo = memo.patched(
                     at, self._decide_rows(rows[at], demand, now, ctx, None), version
                 )
+        gone = self._decisions.pop(key, None)
+        self._memo_rows += memo.passed.shape[0] - (0 if gone is None else gone.passed.shape[0])
         self._decisions[key] = memo
-        self._decisions.move_to_end(key)
-        while len(self._decisions) > DECISION_MEMO_SIZE:
-            self._decisions.popitem(last=False)
+        while len(self._decisions) > DECISION_MEMO_SIZE or self._memo_rows > CACHED_NAMES:
+            _, old = self._decisions.popitem(last=False)
+            self._memo_rows -= old.passed.shape[0]
         return memo
 
     def _grounds(

@@ -450,16 +450,34 @@ class AnswerMemo:
             self._bytes -= len(gone[0]) + len(c) + len(a)
 
 
-class NameSets:
-    """Raw NodeNames bytes → the names' rows, for the last few lists seen."""
+CACHED_NAMES = 100_000
+"""Names held by the kept candidate lists together (twenty lists of 5,000 nodes): memory is
+bounded by what the lists hold, not by how many there are. A longer list is never kept."""
 
-    def __init__(self, size: int = 32) -> None:
+
+class NameSets:
+    """Raw NodeNames bytes → the names' rows, for the last lists seen (``CACHED_NAMES``)."""
+
+    def __init__(self, size: int = 32, budget: int = CACHED_NAMES) -> None:
         self._sets: OrderedDict[bytes, NameSet] = OrderedDict()
         self._size = size
+        self._budget = budget
+        self._held = 0
         self.memo = AnswerMemo()
 
+    @property
+    def held(self) -> int:
+        """Names held by the kept lists."""
+        return self._held
+
     def get(self, raw: bytes | None, names: list[str], table: NodeTable) -> NameSet:
-        """The NameSet for a list, built (and remembered by its raw bytes) when new."""
+        """The NameSet for a list, built (and remembered by its raw bytes) when new.
+
+        A list over the budget is answered without being kept (its NameSet has no ``raw``, so
+        no decision of it is kept either).
+        """
+        if raw is not None and len(names) > self._budget:
+            raw = None
         if raw is not None:
             known = self._sets.get(raw)
             if known is not None and known.index_version == table.index_version:
@@ -467,7 +485,10 @@ class NameSets:
                 return known
         entry = NameSet(names, table.rows(names), table.index_version, raw=raw, memo=self.memo)
         if raw is not None:
+            gone = self._sets.pop(raw, None)
+            self._held += len(names) - (len(gone.names) if gone is not None else 0)
             self._sets[raw] = entry
-            while len(self._sets) > self._size:
-                self._sets.popitem(last=False)
+            while len(self._sets) > self._size or self._held > self._budget:
+                _, old = self._sets.popitem(last=False)
+                self._held -= len(old.names)
         return entry

@@ -72,7 +72,10 @@ class TelemetryStore:
         """Keep the report unless it is not newer than the last one of the same agent boot.
 
         A new ``boot_id`` (agent restart) resets the ordering. Thermal state advances per GPU
-        uuid, so that a GPU keeps its cool-down across re-indexing.
+        uuid, so that a GPU keeps its cool-down across re-indexing; a GPU reported under a new
+        uuid at the index of one that was hot or cooling takes that one's state, and a GPU a
+        report leaves out keeps its state until its cool-down is over (neither a new uuid nor
+        a report without it ends a cool-down).
         """
         d = push.digest
         previous = self._records.get(d.node)
@@ -85,13 +88,31 @@ class TelemetryStore:
         max_c = args.max_temp_c
         temps = d.column("temperature_c")  # NaN: not read
         if states or any(t >= max_c for t in temps):
-            for uuid, temp in zip(d.uuids, temps, strict=True):
-                state = states.get(uuid, thermal.COOL)
+            was_at: dict[float, str] = {}
+            if states and previous is not None:
+                was_at = dict(
+                    zip(previous.digest.column("index"), previous.digest.uuids, strict=True)
+                )
+            taken: set[str] = set()
+            for uuid, index, temp in zip(d.uuids, d.column("index"), temps, strict=True):
+                state = states.get(uuid)
+                old = was_at.get(index)
+                if state is None and old is not None and old not in d.uuids:
+                    state = states.get(old)  # the same slot under a new uuid
+                    taken.add(old)
+                state = state or thermal.COOL
                 if state is thermal.COOL and not temp >= max_c:
                     continue  # never hot and not hot now: the step would keep it COOL
                 state = thermal.step(state, None if math.isnan(temp) else temp, now, args)
                 if state is not thermal.COOL:
                     new_states[uuid] = state
+            for uuid, state in states.items():
+                if uuid in new_states or uuid in taken or uuid in d.uuids:
+                    continue
+                if state.hot_since is not None or (
+                    state.below_since is not None and now < state.below_since + args.cool_down_s
+                ):
+                    new_states[uuid] = state  # left out of this report: kept
         self._records[d.node] = NodeRecord(d, now, wall, push.report, new_states)
         return PutResult(True)
 

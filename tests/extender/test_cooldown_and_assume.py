@@ -147,3 +147,32 @@ async def test_memory_of_an_assigned_pod_is_not_counted_twice(clock):
         node = (await client.get("/debug/nodes/a")).json()
         assert node["gpus"][0]["free_blocks"] == 1
         assert node["reservations"][0]["pod"] == "default/one"
+
+
+async def test_a_new_uuid_or_a_report_without_the_gpu_does_not_end_its_cool_down(client, clock):
+    """Issue 28 D6: the same GPU reported under a new uuid, or left out of one report, passed
+    the filter while it was still cooling down."""
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=92.0, uuid="GPU-x")]))
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=60.0, uuid="GPU-x")]))
+    assert await verdict(client) == "edgegpu: gpu cooling down"
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=60.0, uuid="GPU-y")]))
+    assert await verdict(client) == "edgegpu: gpu cooling down"
+    await client.post("/v1/telemetry", json=report("a", [gpu(1, temperature_c=50.0, uuid="GPU-z")]))
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=60.0, uuid="GPU-y")]))
+    assert await verdict(client) == "edgegpu: gpu cooling down"
+    clock.advance(301)
+    await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=60.0, uuid="GPU-y")]))
+    assert await verdict(client) == "passed"
+
+
+async def test_two_gpus_that_swap_indices_keep_their_own_states(client, clock):
+    hot, cool = gpu(0, temperature_c=60.0, uuid="GPU-h"), gpu(1, temperature_c=50.0, uuid="GPU-c")
+    await client.post(
+        "/v1/telemetry", json=report("a", [gpu(0, temperature_c=95.0, uuid="GPU-h"), cool])
+    )
+    await client.post("/v1/telemetry", json=report("a", [hot, cool]))
+    swapped = [gpu(0, temperature_c=50.0, uuid="GPU-c"), gpu(1, temperature_c=60.0, uuid="GPU-h")]
+    await client.post("/v1/telemetry", json=report("a", swapped))
+    node = (await client.get("/debug/nodes/a")).json()
+    cooling = {g["uuid"]: g["cool_down_until"] is not None for g in node["gpus"]}
+    assert cooling == {"GPU-c": False, "GPU-h": True}

@@ -406,3 +406,30 @@ def test_prioritize_decides_afresh_outside_its_pods_cycle(clock, between):
     fresh = state.evaluate(passed, demand)
     assert answer == dict(zip(passed, fresh.points.tolist(), strict=True))
     assert answer[passed[0]] == 0
+
+
+def test_kept_candidate_lists_are_bounded_by_the_names_they_hold(monkeypatch):
+    """Issue 28 D5: twelve distinct 1M-name lists took RSS from 140 to 1,710 MiB. Lists and
+    decisions are now kept within a budget of names; a list over it is answered, not kept."""
+    from scheduler_extender.state import cluster, decisions
+
+    monkeypatch.setattr(decisions, "CACHED_NAMES", 100)
+    monkeypatch.setattr(cluster, "CACHED_NAMES", 100)
+    clock = FakeClock()
+    app = create_app(clock=clock)
+    state = app.state.ctx.state
+    state._namesets = decisions.NameSets(budget=100)
+    for i in range(5):
+        state.ingest(report_from(report(f"hot-{i}", [gpu(0, temperature_c=95.0)])))
+    demand = pod_demand(pod("p", blocks=1, qos="training"), state.policy.spec.qos)
+    for k in range(12):
+        names = [f"x{k}-{i}" for i in range(30)] + ["hot-0"]
+        verdict = state.decide(names, demand, raw_names=orjson.dumps(names))
+        assert not verdict.passed[-1]
+        assert state._namesets.held <= 100 and state._memo_rows <= 100
+    huge = [f"y-{i}" for i in range(500)] + ["hot-1"]
+    for _ in range(2):
+        verdict = state.decide(huge, demand, raw_names=orjson.dumps(huge))
+        assert not verdict.passed[-1] and verdict.nameset is not None
+        assert verdict.nameset.raw is None  # answered, never kept
+    assert state._namesets.held <= 100 and state._memo_rows <= 100
