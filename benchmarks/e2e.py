@@ -512,8 +512,8 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
     arms = result["arms"]
     out: dict[str, Any] = {}
     for key in ("pods_per_s", "bind_p50_ms", "bind_p99_ms"):
-        ours = statistics.median(r[key] for r in arms["ours"])
-        alone = statistics.median(r[key] for r in arms["alone"])
+        ours = round(statistics.median(r[key] for r in arms["ours"]), 1)
+        alone = round(statistics.median(r[key] for r in arms["alone"]), 1)
         out[key] = {
             "ours": ours,
             "alone": alone,

@@ -5,6 +5,7 @@ Standard library only; shared with the benchmarks' floor.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -65,10 +66,23 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
+BODY_TIMEOUT_S = 30.0
+"""The longest a request may take to send its body (a client that declares more than it sends
+would otherwise hold the request open for ever)."""
+
+
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes | None:
-    """The body, or None when it is over ``limit`` (refused before reading when declared)."""
+    """The body, or None when it is over ``limit`` (refused before reading when declared).
+
+    TimeoutError when it has not all arrived within ``BODY_TIMEOUT_S``.
+    """
     if declared is not None and declared > limit:
         return None
+    async with asyncio.timeout(BODY_TIMEOUT_S):
+        return await _read_all(receive, limit)
+
+
+async def _read_all(receive: Receive, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -133,10 +133,9 @@ def create_app(
             schema = get_openapi(
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
-            schema["paths"] = {
-                **fast.fast_openapi(settings.path_prefix),
-                **schema["paths"],
-            }
+            paths, components = fast.fast_openapi(settings.path_prefix)
+            schema["paths"] = {**paths, **schema["paths"]}
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
             app.openapi_schema = schema
         return app.openapi_schema
 

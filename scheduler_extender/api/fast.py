@@ -88,6 +88,8 @@ class FastRoutes:
                 else:
                     result = handler(ctx, body)
                     out = await result if isinstance(result, Awaitable) else result
+        except TimeoutError:
+            status, out = 408, b'{"error":"the request body did not arrive in time"}'
         except Exception as exc:  # the verbs answer their own errors; this is the last guard
             log.exception("internal error on %s", scope["path"])
             status, out = 500, internal_error(exc)
@@ -139,8 +141,11 @@ _DOCS = {
 }
 
 
-def fast_openapi(prefix: str) -> dict[str, Any]:
-    """OpenAPI path items for the fast routes (they are not FastAPI routes)."""
+def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """OpenAPI path items for the fast routes, and the component schemas they refer to.
+
+    The fast routes are not FastAPI routes, so FastAPI does not describe them.
+    """
     paths: dict[str, Any] = {
         f"{prefix}/{verb}": {
             "post": {
@@ -161,6 +166,9 @@ def fast_openapi(prefix: str) -> dict[str, Any]:
         }
         for verb, (summary, schema, answer) in _DOCS.items()
     }
+    report = TelemetryReport.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = report.pop("$defs", {})
+    components["TelemetryReport"] = report
     paths[TELEMETRY_PATH] = {
         "post": {
             "tags": ["telemetry"],
@@ -168,7 +176,9 @@ def fast_openapi(prefix: str) -> dict[str, Any]:
             "operationId": "telemetry_push",
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": TelemetryReport.model_json_schema()}},
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/TelemetryReport"}}
+                },
             },
             "responses": {
                 "200": {"description": "{accepted, performance_gpus[, reason]}"},
@@ -179,4 +189,4 @@ def fast_openapi(prefix: str) -> dict[str, Any]:
             },
         }
     }
-    return paths
+    return paths, components

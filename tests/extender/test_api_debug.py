@@ -67,6 +67,31 @@ async def test_policy_health_readiness_metrics_and_docs_answer(client):
     } <= set(spec["paths"])
 
 
+async def test_every_ref_of_the_openapi_document_resolves(client):
+    """Issue 28 D10: the telemetry schema's ``#/$defs/...`` references resolved nowhere."""
+    spec = (await client.get("/openapi.json")).json()
+    refs: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "$ref":
+                    refs.append(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(spec)
+    assert "#/components/schemas/TelemetryReport" in refs
+    for ref in refs:
+        target = spec
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        assert isinstance(target, dict), ref
+
+
 async def test_telemetry_age_is_exported_per_node(client, clock):
     await client.post("/v1/telemetry", json=report("a"))
     clock.advance(7.5)

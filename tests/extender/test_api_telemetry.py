@@ -133,3 +133,33 @@ async def test_hostile_pushes_get_a_clear_422(client, body):
     resp = await client.post("/v1/telemetry", content=body)
     assert resp.status_code == 422, resp.text
     assert resp.json()["error"].startswith("invalid telemetry report")
+
+
+async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monkeypatch):
+    """Issue 28: a client that declares more than it sends held a request open for ever."""
+    import asyncio
+
+    from scheduler_extender import serving
+    from scheduler_extender.api.app import create_app
+
+    monkeypatch.setattr(serving, "BODY_TIMEOUT_S", 0.2)
+    app = create_app()
+    sent: list[dict] = []
+    parts = [{"type": "http.request", "body": b'{"schema":', "more_body": True}]
+
+    async def receive():
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(3600)  # the rest never comes
+
+    async def send(message):
+        sent.append(message)
+
+    for path in ("/v1/telemetry", "/filter"):
+        sent.clear()
+        parts[:] = [{"type": "http.request", "body": b'{"schema":', "more_body": True}]
+        scope = {"type": "http", "method": "POST", "path": path, "client": ("127.0.0.1", 1),
+                 "headers": [(b"content-length", b"5000")]}  # fmt: skip
+        await asyncio.wait_for(app(scope, receive, send), timeout=5)
+        assert sent[0]["status"] == 408, path
+        assert b"did not arrive in time" in sent[1]["body"]
