@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
     p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--debug-endpoints",
+        choices=["on", "loopback", "off"],
+        help="who may read /debug/*: anyone (default), loopback clients, nobody",
+    )
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig of the cluster (default: embedded)")
     p.add_argument(
         "--in-cluster", action="store_true", default=None, help="use the Pod's ServiceAccount"

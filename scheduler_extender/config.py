@@ -7,7 +7,7 @@ Validated once at start-up; every error is listed at once. Imports pydantic-sett
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field
@@ -41,6 +41,11 @@ class ExtenderSettings(BaseSettings):
         1024 * 1024, gt=0, description="Cap on one telemetry push (64 GPUs fit in ~100 kB)."
     )
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
+    debug_endpoints: Literal["on", "loopback", "off"] = Field(
+        "on",
+        description="Who may read /debug/*: everyone who reaches the port, loopback clients "
+        "only, or nobody (404).",
+    )
     # The cluster (no kubeconfig and not in-cluster = embedded mode, no API server at all).
     kubeconfig: Path | None = Field(None, description="kubeconfig file of the cluster.")
     in_cluster: bool = Field(False, description="Use the Pod's ServiceAccount to reach the API.")

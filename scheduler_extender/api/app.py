@@ -126,6 +126,7 @@ def create_app(
     )
     app.state.ctx = ctx
     app.include_router(routes_debug.router)
+    app.include_router(routes_debug.debug)
     app.fast = fast.FastRoutes(ctx, prefix=settings.path_prefix)
 
     def openapi() -> dict[str, Any]:

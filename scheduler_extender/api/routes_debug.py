@@ -8,17 +8,28 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.api import verbs
 from scheduler_extender.api.context import AppContext, BodyTooLarge, get_ctx, read_body
+from scheduler_extender.api.ingest import is_loopback
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy import memory
 from scheduler_extender.state.cluster import ClusterState
 
+
+def _debug_allowed(request: Request) -> None:
+    """404 unless ``--debug-endpoints`` lets this client read /debug/*."""
+    mode = get_ctx(request).settings.debug_endpoints
+    client = request.client.host if request.client else None
+    if mode == "off" or (mode == "loopback" and not is_loopback(client)):
+        raise HTTPException(status_code=404, detail="Not Found")
+
+
 router = APIRouter()
+debug = APIRouter(dependencies=[Depends(_debug_allowed)])
 
 
 def _iso(wall: float) -> str:
@@ -113,7 +124,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
     return view
 
 
-@router.get("/debug/nodes", tags=["debug"], summary="One row per node")
+@debug.get("/debug/nodes", tags=["debug"], summary="One row per node")
 async def debug_nodes(request: Request) -> JSONResponse:
     """Freshness, rack, and per GPU temperature, power, free blocks, cool-down and health."""
     state = get_ctx(request).state
@@ -121,7 +132,7 @@ async def debug_nodes(request: Request) -> JSONResponse:
     return JSONResponse({"nodes": [_node_view(state, n, full=False) for n in names]})
 
 
-@router.get("/debug/nodes/{name}", tags=["debug"], summary="One node in full")
+@debug.get("/debug/nodes/{name}", tags=["debug"], summary="One node in full")
 async def debug_node(name: str, request: Request) -> JSONResponse:
     """Everything known about one node, its last report and its GPU reservations."""
     state = get_ctx(request).state
@@ -130,7 +141,7 @@ async def debug_node(name: str, request: Request) -> JSONResponse:
     return JSONResponse(_node_view(state, name, full=True))
 
 
-@router.post(
+@debug.post(
     "/debug/explain",
     tags=["debug"],
     summary="Why each node passes or fails, and every score term",
@@ -151,7 +162,7 @@ async def debug_explain(request: Request) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
 
 
-@router.get("/debug/policy", tags=["debug"], summary="The policy in force")
+@debug.get("/debug/policy", tags=["debug"], summary="The policy in force")
 async def debug_policy(request: Request) -> JSONResponse:
     """The GPUSchedulingPolicy with every default filled in, and where it came from."""
     ctx = get_ctx(request)

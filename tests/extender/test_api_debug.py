@@ -97,3 +97,21 @@ async def test_telemetry_age_is_exported_per_node(client, clock):
     clock.advance(7.5)
     text = (await client.get("/metrics")).text
     assert 'edgegpu_extender_telemetry_age_seconds{node="a"} 7.5' in text
+
+
+async def test_debug_endpoints_can_be_kept_to_loopback_or_turned_off():
+    """Issue 28: ``--debug-endpoints loopback|off`` restricts /debug/*; ops routes stay."""
+    import httpx
+
+    from scheduler_extender.api.app import create_app
+    from scheduler_extender.config import ExtenderSettings
+
+    for mode, peer, shown in [("loopback", "10.0.0.7", False), ("loopback", "127.0.0.1", True),
+                              ("off", "127.0.0.1", False), ("on", "10.0.0.7", True)]:  # fmt: skip
+        app = create_app(ExtenderSettings(debug_endpoints=mode))
+        transport = httpx.ASGITransport(app=app, client=(peer, 1))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+            for path in ("/debug/nodes", "/debug/policy"):
+                assert ((await c.get(path)).status_code == 200) is shown, (mode, peer, path)
+            assert (await c.get("/healthz")).status_code == 200
+            assert (await c.get("/metrics")).status_code == 200
