@@ -365,7 +365,13 @@ def extender_counts(url: str) -> dict[str, float]:
     out: dict[str, float] = {"errors": 0.0, "bind_refusals": 0.0}
     text = httpx.get(f"{url}/metrics", timeout=10).text
     for line in text.splitlines():
-        if line.startswith("edgegpu_extender_request_errors_total{"):
+        if line.startswith("edgegpu_extender_request_duration_seconds_sum{"):
+            verb = line.split('verb="', 1)[1].split('"', 1)[0]
+            out[f"time_{verb}"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("edgegpu_extender_request_duration_seconds_count{"):
+            verb = line.split('verb="', 1)[1].split('"', 1)[0]
+            out[f"calls_{verb}"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("edgegpu_extender_request_errors_total{"):
             out["errors"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith("edgegpu_extender_binds_total{") and 'result="bound"' not in line:
             out["bind_refusals"] += float(line.rsplit(" ", 1)[1])
@@ -490,6 +496,15 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
                 result["pushes"] = {k: after[k] - before[k] for k in after}
                 if arm == "ours":
                     result["extender_errors"] = counts["errors"] - counts_before["errors"]
+                    result["verbs_ms"] = {
+                        verb: round(
+                            (counts[f"time_{verb}"] - counts_before.get(f"time_{verb}", 0.0))
+                            / calls * 1000, 2,
+                        )
+                        for verb in ("filter", "prioritize", "bind", "telemetry")
+                        if (calls := counts.get(f"calls_{verb}", 0.0)
+                            - counts_before.get(f"calls_{verb}", 0.0)) > 0
+                    }  # fmt: skip
                     result["bind_refusals"] = {
                         k: v - counts_before.get(k, 0.0)
                         for k, v in counts.items()
