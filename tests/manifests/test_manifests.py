@@ -231,3 +231,16 @@ def test_agents_push_to_every_extender_on_its_port():
     (agent,) = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]["containers"]
     url = next(a for a in agent["args"] if a.startswith("--extender-url="))
     assert url.endswith(f"edgegpu-extender-headless.edgegpu-system.svc:{service_port}")
+
+
+def test_the_network_policy_lets_the_scheduler_and_the_agents_reach_the_extenders_port():
+    policy = by_kind("NetworkPolicy", "edgegpu-extender")["spec"]
+    extender = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= extender["labels"].items()
+    (rule,) = policy["ingress"]
+    allowed = [p["podSelector"]["matchLabels"] for p in rule["from"]]
+    for kind, name in (("Deployment", "edgegpu-scheduler"), ("DaemonSet", "edgegpu-node-agent")):
+        labels = by_kind(kind, name)["spec"]["template"]["metadata"]["labels"]
+        assert any(a.items() <= labels.items() for a in allowed), name
+    (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
+    assert [p["port"] for p in rule["ports"]] == [p["name"] for p in c["ports"]]
