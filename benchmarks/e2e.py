@@ -33,7 +33,7 @@ import orjson
 import yaml
 
 from benchmarks.workload import node_name
-from tests.e2e.controlplane import ROOT, ControlPlane, Process, wait_until
+from tests.e2e.controlplane import ROOT, ControlPlane, Process, free_port, wait_until
 from tests.e2e.edgegpu import EdgegpuScheduler, Extender, install
 
 GPUS_PER_NODE = 8
@@ -412,6 +412,13 @@ async def create_nodes(cp: ControlPlane, count: int) -> None:
         await asyncio.gather(*(one() for _ in range(16)))
 
 
+def _up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
 def plain_scheduler(cp: ControlPlane) -> Process:
     """kube-scheduler with the default profile and the same client limit as ours."""
     config = {
@@ -441,8 +448,30 @@ class PinnedExtender(Extender):
         return ["taskset", "-c", "1", *argv], env
 
 
-async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[str, Any]:
-    """Both arms, interleaved, on one control plane with ``count`` Nodes."""
+def schedule_with(cp: ControlPlane, url: str, name: str, **overrides: Any) -> EdgegpuScheduler:
+    """A kube-scheduler with the project's configuration, calling ``url``, client qps raised."""
+    sched = EdgegpuScheduler(cp, url, name=name, overrides=overrides)
+    original = sched.config
+
+    def config() -> dict[str, Any]:
+        doc = original()
+        doc["clientConnection"].update(qps=CLIENT_QPS, burst=2 * CLIENT_QPS)
+        return doc
+
+    sched.config = config  # type: ignore[method-assign]
+    sched.start()
+    return sched
+
+
+async def bench_nodes(
+    count: int, pods: int, rounds: int, folder: Path, floor: bool = False
+) -> dict[str, Any]:
+    """The arms, interleaved, on one control plane with ``count`` Nodes.
+
+    With ``floor``, a third: the project's scheduler configuration calling the least any
+    extender must do (``benchmarks.floor``: every node passes, every score 0) for filter and
+    prioritize, kube-scheduler binding itself: the cost of the extender protocol alone.
+    """
     cp = ControlPlane(folder)
     try:
         cp.start(controllers=False)
@@ -460,17 +489,18 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
         pusher = Pusher(ext.port, token, count)
         stop = asyncio.Event()
         pushing = asyncio.create_task(pusher.run(stop))
-        sched = EdgegpuScheduler(cp, ext.url)
-        original = sched.config
-
-        def config() -> dict[str, Any]:
-            doc = original()
-            doc["clientConnection"].update(qps=CLIENT_QPS, burst=2 * CLIENT_QPS)
-            return doc
-
-        sched.config = config  # type: ignore[method-assign]
-        sched.start()
+        sched = schedule_with(cp, ext.url, "edgegpu-scheduler")
         plain = plain_scheduler(cp)
+        arm_names = ["alone", "ours"]
+        floor_sched = None
+        if floor:
+            port = free_port()
+            cp.spawn("floor", ["taskset", "-c", "1", sys.executable, "-m", "benchmarks.floor",
+                               "--port", str(port)])  # fmt: skip
+            await asyncio.to_thread(wait_until, "the floor", lambda: _up(port), 30.0, 0.2)
+            floor_sched = schedule_with(cp, f"http://127.0.0.1:{port}", "floor-scheduler",
+                                        bindVerb="", preemptVerb="")  # fmt: skip
+            arm_names.append("floor")
 
         def all_reported() -> bool:
             return bool(ext.get("/readyz") is not None) and pusher.stats.answered >= count
@@ -478,13 +508,14 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
         await asyncio.to_thread(wait_until, "every node's first push", all_reported,
                                 INTERVAL_S * 4 + 60, 1.0)  # fmt: skip
         log(f"[{count}] {pusher.stats.answered} pushes answered; bursts of {pods} pods")
-        arms: dict[str, list[dict[str, Any]]] = {"alone": [], "ours": []}
+        arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arm_names}
         assert ext.process is not None
         pid = ext.process.popen.pid
         rss_peak = rss_mib(pid)
         for r in range(rounds):
-            for arm in ("alone", "ours"):
-                scheduler = "default-scheduler" if arm == "alone" else "edgegpu-scheduler"
+            for arm in arm_names:
+                scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
+                             "floor": "floor-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
                 counts_before = extender_counts(ext.url)
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
@@ -517,6 +548,8 @@ async def bench_nodes(count: int, pods: int, rounds: int, folder: Path) -> dict[
         await pushing
         plain.stop()
         sched.stop()
+        if floor_sched is not None:
+            floor_sched.stop()
         return {"arms": arms, "extender_rss_mib": rss_peak, "versions": cp.versions()}
     finally:
         cp.stop()
@@ -542,6 +575,11 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
     out["pushes_during_bursts"] = {
         k: sum(r["pushes"][k] for r in ours_runs) for k in ours_runs[0]["pushes"]
     }
+    if "floor" in arms:
+        out["floor"] = {
+            key: round(statistics.median(r[key] for r in arms["floor"]), 1)
+            for key in ("pods_per_s", "bind_p50_ms", "bind_p99_ms")
+        }
     out["placement"] = {
         arm: {k: statistics.median(r[k] for r in runs) for k in ("nodes_used", "gpus_touched")}
         for arm, runs in arms.items()
@@ -558,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=1000, help="pods per burst")
     p.add_argument("--rounds", type=int, default=2, help="bursts per arm, interleaved")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "e2e.json")
+    p.add_argument("--floor", action="store_true",
+                   help="a third arm: the extender protocol's own cost (benchmarks.floor)")  # fmt: skip
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         log("bench-e2e: needs two CPUs (the extender gets one to itself)")
@@ -574,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for count in (int(c) for c in args.nodes.split(",")):
         with tempfile.TemporaryDirectory(prefix=f"edgegpu-bench-{count}-") as tmp:
-            result = asyncio.run(bench_nodes(count, args.pods, args.rounds, Path(tmp)))
+            result = asyncio.run(
+                bench_nodes(count, args.pods, args.rounds, Path(tmp), floor=args.floor)
+            )
         doc["versions"] = result.pop("versions")
         doc[str(count)] = combine(result)
         c = doc[str(count)]
