@@ -8,10 +8,10 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check bench bench-quick bench-e2e bench-ab bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check bench bench-quick bench-e2e bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ check: test ## alias of test
 e2e: $(STAMP) ## the e2e suite on a real control plane built from the Kubernetes Go modules (first build: minutes)
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	EDGEGPU_E2E=1 $(PY) -m pytest tests/e2e -p no:randomly $(E2E_ARGS)
+
+fuzz: $(STAMP) ## schemathesis over every route of the OpenAPI document, fixed seed (FUZZ_CASES per route; ~25k cases, minutes)
+	EDGEGPU_FUZZ_CASES=$(or $(FUZZ_CASES),4000) $(PY) -m pytest tests/fuzz -p no:randomly -q
+
+soak: $(STAMP) ## 5,000 nodes pushing every second for a minute while pods are scheduled: fails on any lost push or verb error
+	$(PY) -m benchmarks.soak
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -84,7 +85,7 @@ def node_status() -> dict[str, Any]:
     return {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
 
 
-def report_template(i: int) -> tuple[bytes, bytes]:
+def report_template(i: int, interval_s: float = INTERVAL_S) -> tuple[bytes, bytes]:
     """Node i's telemetry as the bytes before and after its ``seq`` (idle, cool, healthy GPUs
     with a little memory in use, as an edge node between bursts)."""
     rng = random.Random(i)
@@ -109,7 +110,7 @@ def report_template(i: int) -> tuple[bytes, bytes]:
         "node": node_name(i),
         "agent": {"version": "bench", "backend": "simulated", "boot_id": f"b-{i}", "seq": 7},
         "sampled_at": "2026-12-05T00:00:00Z",
-        "interval_s": INTERVAL_S,
+        "interval_s": interval_s,
         "labels": {},
         "node_health": {"driver_ok": True, "device_nodes_ok": True},
         "gpus": gpus,
@@ -154,18 +155,21 @@ class PushStats:
 
 @dataclass
 class Pusher:
-    """Every node's telemetry every ``INTERVAL_S``, spread evenly, over kept-alive connections."""
+    """Every node's telemetry every ``interval_s``, spread evenly, over kept-alive connections."""
 
     port: int
     token: str
     nodes: int
     connections: int = 8
+    interval_s: float = INTERVAL_S
+    seq_from: int = 100
+    """The first round's sequence number (a later pusher for the same nodes starts above)."""
     stats: PushStats = field(default_factory=PushStats)
     _templates: list[tuple[bytes, bytes]] = field(default_factory=list)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Push until ``stop`` is set."""
-        self._templates = [report_template(i) for i in range(self.nodes)]
+    async def run(self, stop: asyncio.Event, drain_s: float = 0.0) -> None:
+        """Push until ``stop`` is set; then wait up to ``drain_s`` for the pushes due to go."""
+        self._templates = [report_template(i, self.interval_s) for i in range(self.nodes)]
         queue: asyncio.Queue[tuple[int, int, float]] = asyncio.Queue()
         workers = [asyncio.create_task(self._worker(queue)) for _ in range(self.connections)]
         loop = asyncio.get_running_loop()
@@ -173,12 +177,17 @@ class Pusher:
         sent = 0
         try:
             while not stop.is_set():
-                due = int((loop.time() - start) / INTERVAL_S * self.nodes)
+                due = int((loop.time() - start) / self.interval_s * self.nodes)
                 while sent < due:
-                    queue.put_nowait((sent % self.nodes, 100 + sent // self.nodes, loop.time()))
+                    queue.put_nowait(
+                        (sent % self.nodes, self.seq_from + sent // self.nodes, loop.time())
+                    )
                     self.stats.due += 1
                     sent += 1
                 await asyncio.sleep(0.01)
+            if drain_s:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.join(), drain_s)
         finally:
             for w in workers:
                 w.cancel()
@@ -208,12 +217,14 @@ class Pusher:
                     self.stats.failed += 1
                     writer.close()
                     reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    queue.task_done()
                     continue
                 self.stats.answered += 1
                 if status.split(b" ")[1:2] == [b"200"] and b'"accepted":true' in answer:
                     self.stats.accepted += 1
-                if loop.time() - due_at > INTERVAL_S:
+                if loop.time() - due_at > self.interval_s:
                     self.stats.late += 1
+                queue.task_done()
         finally:
             writer.close()
 

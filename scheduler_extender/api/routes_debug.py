@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.api import verbs
@@ -29,7 +29,10 @@ def _debug_allowed(request: Request) -> None:
 
 
 router = APIRouter()
-debug = APIRouter(dependencies=[Depends(_debug_allowed)])
+debug = APIRouter(
+    dependencies=[Depends(_debug_allowed)],
+    responses={404: {"description": "no such node, or /debug/* is off for this client"}},
+)
 
 
 def _iso(wall: float) -> str:
@@ -145,6 +148,7 @@ async def debug_node(name: str, request: Request) -> JSONResponse:
     "/debug/explain",
     tags=["debug"],
     summary="Why each node passes or fails, and every score term",
+    responses={400: {"description": "not an ExtenderArgs, or a body over the size cap"}},
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -192,7 +196,7 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ctx.ready else 503)
 
 
-@router.get("/metrics", tags=["ops"])
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     return Response(
