@@ -32,6 +32,9 @@ from node_agent.model import (
 from node_agent.push import Pusher, PushOutcome
 from scheduler_extender.telemetry.schema import GpuReport, TelemetryReport
 
+DEFAULT_HOT_THRESHOLD_C = 85.0
+"""The GPU temperature counted as hot until an extender says its maxTemp."""
+
 log = logging.getLogger("node_agent")
 
 
@@ -122,6 +125,10 @@ class Agent:
         self.seq = 0
         self._gpus: dict[int, _GpuMemory] = {}
         self._boost: frozenset[int] = frozenset()
+        self.hot_threshold_c = DEFAULT_HOT_THRESHOLD_C
+        """The extender's maxTemp, as its last answer said."""
+        self._hot_at: dict[str, float] = {}
+        """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
 
     # -- one round --------------------------------------------------------------------------
     def sample(self) -> Snapshot:
@@ -237,6 +244,9 @@ class Agent:
         self.seq += 1
         gpus = []
         for r in snap.readings:
+            if r.temperature_c is not None and r.temperature_c >= self.hot_threshold_c:
+                self._hot_at[r.uuid] = snap.taken_at
+            hot_at = self._hot_at.get(r.uuid)
             h = healths.get(r.index) or GpuHealth("healthy")
             mem = self._gpus.get(r.index)
             gpus.append(
@@ -266,6 +276,7 @@ class Agent:
                         }
                         for p in r.processes
                     ],
+                    "hot_s_ago": None if hot_at is None else max(snap.taken_at - hot_at, 0.0),
                 }
             )
         gpus = [g for g in (_within_contract(g) for g in gpus) if g is not None]
@@ -290,6 +301,7 @@ class Agent:
                     "cuda_ctx_success_ratio": c.cuda_ctx_success_ratio,
                 },
                 "gpus": gpus,
+                "hot_threshold_c": self.hot_threshold_c,
             }
         )
 
@@ -314,6 +326,8 @@ class Agent:
                 self.metrics.pushes.labels(url, result).inc()
             if any(r in ("ok", "ignored") for r in outcome.results.values()):
                 self._boost = outcome.performance_gpus
+                if outcome.max_temp_c is not None:
+                    self.hot_threshold_c = outcome.max_temp_c
             if "ignored" in outcome.results.values():
                 # An extender holds a newer report under our boot id (a forged push, or a
                 # copy of this agent): start a new boot id, which resets its ordering.

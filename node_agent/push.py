@@ -35,6 +35,8 @@ class _Target:
     failures: int = 0
     next_at: float = 0.0
     last_error: str = ""
+    max_temp_c: float | None = None
+    """The extender's maxTemp, from its last answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class PushOutcome:
     results: dict[str, PushResult]
     performance_gpus: frozenset[int] = field(default_factory=frozenset)
     """GPUs the extender says hold high-QoS pods (restore full clocks)."""
+    max_temp_c: float | None = None
+    """The lowest ``maxTemp`` the extenders answered with (what counts as hot)."""
 
 
 class Pusher:
@@ -160,6 +164,9 @@ class Pusher:
             else frozenset()
         )
         accepted = payload.get("accepted", True) if isinstance(payload, dict) else True
+        max_temp = payload.get("max_temp_c") if isinstance(payload, dict) else None
+        if isinstance(max_temp, int | float) and not isinstance(max_temp, bool):
+            target.max_temp_c = float(max_temp)
         return ("ok" if accepted else "ignored"), boost
 
     def _failed(self, target: _Target, now: float, error: str) -> PushResult:
@@ -176,7 +183,12 @@ class Pusher:
         targets = await self._replicas() if self._resolve_all else self._targets
         done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
-        return PushOutcome({t.base: r for t, (r, _) in zip(targets, done, strict=True)}, boost)
+        told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
+        return PushOutcome(
+            {t.base: r for t, (r, _) in zip(targets, done, strict=True)},
+            boost,
+            min(told) if told else None,
+        )
 
 
 class FlappingLinkTransport(httpx.AsyncBaseTransport):

@@ -92,6 +92,7 @@ class GpuReport(msgspec.Struct, frozen=True, gc=False):
     processes: Annotated[
         tuple[GpuProcess, ...], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)
     ] = ()
+    hot_s_ago: Annotated[float, msgspec.Meta(ge=0, le=10**9)] | None = None
 
 
 class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
@@ -111,6 +112,7 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
         msgspec.Meta(max_length=64),
     ] = {}
     node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
+    hot_threshold_c: _Celsius | None = None
 
     def __post_init__(self) -> None:
         seen: set[int] = set()

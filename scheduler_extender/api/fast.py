@@ -181,7 +181,7 @@ def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 },
             },
             "responses": {
-                "200": {"description": "{accepted, performance_gpus[, reason]}"},
+                "200": {"description": "{accepted, performance_gpus, max_temp_c[, reason]}"},
                 "401": {"description": "no or bad bearer token"},
                 "403": {"description": "the token may not report for this node"},
                 "413": {"description": "report over the size cap"},

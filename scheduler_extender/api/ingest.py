@@ -83,17 +83,27 @@ async def admit(
     return push
 
 
-_ACCEPTED_NO_PERFORMANCE = orjson.dumps({"accepted": True, "performance_gpus": []})
+@functools.lru_cache(maxsize=8)
+def _usual_answer(max_temp_c: float) -> bytes:
+    return orjson.dumps({"accepted": True, "performance_gpus": [], "max_temp_c": max_temp_c})
 
 
 def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
-    """The (status, JSON body) for a node's report the state took (``ClusterState.ingest``)."""
+    """The (status, JSON body) for a node's report the state took (``ClusterState.ingest``).
+
+    ``max_temp_c`` tells the agent from which temperature to count its GPUs' ``hot_s_ago``.
+    """
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     # GPUs holding high-QoS pods: the agent keeps them out of power saving.
     performance = ctx.state.performance_gpus(node)
+    max_temp_c = ctx.state.policy.spec.thermal_throttling.max_temp_c
     if result.accepted and not performance and not result.reason:
-        return 200, _ACCEPTED_NO_PERFORMANCE  # the usual answer, kept ready
-    payload: dict[str, Any] = {"accepted": result.accepted, "performance_gpus": performance}
+        return 200, _usual_answer(max_temp_c)  # the usual answer, kept ready
+    payload: dict[str, Any] = {
+        "accepted": result.accepted,
+        "performance_gpus": performance,
+        "max_temp_c": max_temp_c,
+    }
     if result.reason:
         payload["reason"] = result.reason
     return 200, orjson.dumps(payload)

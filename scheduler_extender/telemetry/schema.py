@@ -78,6 +78,9 @@ class GpuReport(_Model):
     processes: Annotated[list[GpuProcess], Field(max_length=MAX_PROCESSES_PER_GPU)] = Field(
         default_factory=list
     )
+    hot_s_ago: Annotated[float, Field(ge=0, le=10**9)] | None = None
+    """Seconds before this sample that the GPU last read at or above the report's
+    ``hot_threshold_c`` (0: it is now); null when not since the agent started."""
 
 
 class TelemetryReport(_Model):
@@ -93,6 +96,9 @@ class TelemetryReport(_Model):
     )
     node_health: NodeHealth = Field(default_factory=NodeHealth)
     gpus: Annotated[list[GpuReport], Field(max_length=MAX_GPUS_PER_NODE)]
+    hot_threshold_c: Annotated[float, Field(ge=-60, le=200)] | None = None
+    """The temperature the GPUs' ``hot_s_ago`` count from: the extender's ``maxTemp`` as its
+    last answer said (a cool-down survives the extender's restart through it)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 

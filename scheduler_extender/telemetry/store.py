@@ -75,7 +75,9 @@ class TelemetryStore:
         uuid, so that a GPU keeps its cool-down across re-indexing; a GPU reported under a new
         uuid at the index of one that was hot or cooling takes that one's state, and a GPU a
         report leaves out keeps its state until its cool-down is over (neither a new uuid nor
-        a report without it ends a cool-down).
+        a report without it ends a cool-down). A GPU this store has no state for (after the
+        extender's restart, or a report it missed) takes the agent's word for when it was last
+        hot (``hot_s_ago``, counted from no higher a temperature than ``maxTemp``).
         """
         d = push.digest
         previous = self._records.get(d.node)
@@ -87,7 +89,18 @@ class TelemetryStore:
         new_states: dict[str, thermal.ThermalState] = {}
         max_c = args.max_temp_c
         temps = d.column("temperature_c")  # NaN: not read
-        if states or any(t >= max_c for t in temps):
+        report = push.report
+        threshold = report.hot_threshold_c
+        hints = (
+            {
+                g.uuid: g.hot_s_ago
+                for g in report.gpus
+                if g.hot_s_ago is not None and g.hot_s_ago < args.cool_down_s
+            }
+            if threshold is not None and threshold <= max_c
+            else {}
+        )
+        if states or hints or any(t >= max_c for t in temps):
             was_at: dict[float, str] = {}
             if states and previous is not None:
                 was_at = dict(
@@ -100,6 +113,8 @@ class TelemetryStore:
                 if state is None and old is not None and old not in d.uuids:
                     state = states.get(old)  # the same slot under a new uuid
                     taken.add(old)
+                if state is None and uuid in hints:
+                    state = thermal.ThermalState(below_since=now - hints[uuid])  # ends, or not
                 state = state or thermal.COOL
                 if state is thermal.COOL and not temp >= max_c:
                     continue  # never hot and not hot now: the step would keep it COOL

@@ -290,3 +290,70 @@ async def test_a_forged_push_that_outranks_the_agent_pins_the_node_for_one_round
         assert again.report.agent.seq == 1
         resp = await client.post("/filter", json=args_names(pod(qos="training"), ["n1"]))
         assert resp.json()["NodeNames"] == ["n1"]
+
+
+class _Switch(httpx.AsyncBaseTransport):
+    """Sends to whichever app is current: an extender restarted between two pushes."""
+
+    def __init__(self, app) -> None:
+        self.to(app)
+
+    def to(self, app) -> None:
+        self.inner = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_cool_down_survives_the_extenders_restart_through_the_agents_report():
+    """Issue 28 D6: a restarted extender forgot that a GPU was cooling down. The agent now says
+    how long ago each GPU was last at the extender's maxTemp (``hot_s_ago``)."""
+    from scheduler_extender.telemetry.clock import FakeClock
+
+    clock, ext_clock = Clock(), FakeClock()
+    backend = SimulatedBackend(
+        clock=clock, gpus=1, node="n1", scenario="overheat", scenario_after_s=0.0
+    )
+    first = create_app(clock=ext_clock)
+    switch = _Switch(first)
+    async with httpx.AsyncClient(transport=switch, base_url="http://extender") as client:
+        agent = make_agent(clock, backend=backend, pusher=Pusher(["http://e"], client, clock=clock))
+        seen_hot = False
+        for _ in range(240):
+            clock.t += 5.0
+            ext_clock.advance(5.0)
+            out = await agent.round()
+            temp = out.report.gpus[0].temperature_c
+            seen_hot = seen_hot or temp >= 85.0
+            if seen_hot and temp < 85.0:
+                break
+        assert seen_hot and temp < 85.0, temp  # local protection brought it under maxTemp
+        assert agent.hot_threshold_c == 85.0  # as the extender's answer said
+        switch.to(create_app(clock=FakeClock()))  # the extender restarts
+        clock.t += 5.0
+        out = await agent.round()
+        assert 0 < out.report.gpus[0].hot_s_ago < 300
+        resp = await client.post(
+            "http://extender/filter", json=args_names(pod(qos="training"), ["n1"])
+        )
+        assert resp.json()["FailedNodes"] == {"n1": "edgegpu: gpu cooling down"}
+
+
+async def test_a_hint_counted_from_below_max_temp_or_older_than_the_cool_down_is_not_taken(
+    client, clock
+):
+    from tests.builders import gpu, report
+
+    def hinted(hot_s_ago: float, threshold: float) -> dict:
+        doc = report("n1", [gpu(0, temperature_c=60.0, hot_s_ago=hot_s_ago)])
+        doc["hot_threshold_c"] = threshold
+        return doc
+
+    await client.post("/v1/telemetry", json=hinted(301.0, 85.0))
+    assert (await client.post("/filter", json=args_names(pod(), ["n1"]))).json()["NodeNames"] == [
+        "n1"
+    ]
+    await client.post("/v1/telemetry", json=hinted(10.0, 90.0))  # counted from above maxTemp
+    assert (await client.post("/filter", json=args_names(pod(), ["n1"]))).json()["NodeNames"] == [
+        "n1"
+    ]
