@@ -21,6 +21,15 @@ TELEMETRY_PATH = "/v1/telemetry"
 _CONTENT_TYPE = (b"content-type", b"application/json")
 
 
+def _http_protocol() -> Any:
+    """The HTTP protocol: httptools with a cap on the request head, else h11 (which caps it)."""
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from scheduler_extender.httpproto import BoundedHttpTools
+
+    return BoundedHttpTools
+
+
 def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
     """How the extender runs under uvicorn (the benchmarks' floor too).
 
@@ -33,7 +42,7 @@ def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
         "log_level": log_level,
         "access_log": False,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "http": _http_protocol(),
         "server_header": False,
         "date_header": False,
         "timeout_keep_alive": 75,
