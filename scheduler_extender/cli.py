@@ -7,6 +7,7 @@ once and the process exits with status 2.
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--static-token-file", type=Path, help="'TOKEN NODE' lines for agent auth")
     p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key-file", type=Path, help="the certificate's private key")
+    p.add_argument(
+        "--client-ca-file", type=Path, help="the scheduler's verbs need a client cert of this CA"
+    )
     p.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
@@ -110,12 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"gpu-sched-extender: {exc}", file=sys.stderr)
         return 2
+    if settings.client_ca_file is not None and settings.tls_cert_file is None:
+        print("gpu-sched-extender: --client-ca-file needs --tls-cert-file", file=sys.stderr)
+        return 2
     tls: dict[str, Any] = {}
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
         tls = {
             "ssl_certfile": str(settings.tls_cert_file),
             "ssl_keyfile": str(settings.tls_key_file),
         }
+    if settings.client_ca_file is not None:
+        # Optional at the TLS layer (agents have none); the verbs check it (api/fast.py).
+        tls.update(ssl_ca_certs=str(settings.client_ca_file), ssl_cert_reqs=ssl.CERT_OPTIONAL)
     uvicorn.run(
         app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level), **tls
     )

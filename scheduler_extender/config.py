@@ -65,6 +65,12 @@ class ExtenderSettings(BaseSettings):
     )
     tls_cert_file: Path | None = Field(None, description="Serve HTTPS with this certificate.")
     tls_key_file: Path | None = Field(None, description="Private key of the certificate.")
+    client_ca_file: Path | None = Field(
+        None,
+        description="With TLS: the scheduler's verbs need a client certificate signed by this "
+        "CA (kube-scheduler's extender tlsConfig certFile/keyFile); agents still push with "
+        "their tokens and no certificate.",
+    )
 
     @property
     def has_cluster(self) -> bool:

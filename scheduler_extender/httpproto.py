@@ -1,19 +1,24 @@
-"""uvicorn's httptools protocol with a cap on a request's head (request line and headers).
+"""uvicorn's httptools protocol with a cap on a request's head, and the TLS client's standing.
 
 httptools has no limit of its own: a client could send megabytes of headers and the server
 would buffer them all. The head is counted as it arrives; past ``MAX_HEAD_BYTES`` the request
-is answered 400 and the connection closed.
+is answered 400 and the connection closed. Each request's scope says whether the connection
+presented a client certificate that the TLS layer verified (``CLIENT_CERT_KEY``), which uvicorn
+does not pass on by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and every header together (kube-scheduler and agents send under 1 KiB)."""
+
+CLIENT_CERT_KEY = "edgegpu.client_cert"
+"""Scope key: True when the connection presented a client certificate the server verified."""
 
 
 class BoundedHttpTools(HttpToolsProtocol):
@@ -45,6 +50,11 @@ class BoundedHttpTools(HttpToolsProtocol):
         """A request begins: its head is counted from here (pipelined bytes before count too)."""
         self._head_bytes = self._head_bytes or 0
         super().on_message_begin()
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        # With a client CA configured, the handshake already refused a certificate it could not
+        # verify; one that is here was verified.
+        scope = cast(dict[str, Any], self.scope)
+        scope[CLIENT_CERT_KEY] = bool(ssl_object and ssl_object.getpeercert())
 
     def on_headers_complete(self) -> None:
         """The head is complete: the body is capped elsewhere."""

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext
+from scheduler_extender.httpproto import CLIENT_CERT_KEY
 from scheduler_extender.k8s import wire
 from scheduler_extender.serving import (
     TELEMETRY_PATH,
@@ -43,6 +44,9 @@ VERBS: dict[str, Handler] = {
     "preempt": verbs.preempt_verb,
     "bind": verbs.bind_verb,
 }
+
+
+_NO_CLIENT_CERT = b'{"error":"the scheduler verbs need a client certificate (--client-ca-file)"}'
 
 
 def _too_large(verb: str, ctx: AppContext, message: str) -> bytes:
@@ -74,6 +78,14 @@ class FastRoutes:
             return False
         verb, handler = route
         ctx = self.ctx
+        if (
+            handler is not None
+            and ctx.settings.client_ca_file is not None
+            and not scope.get(CLIENT_CERT_KEY)
+        ):
+            ctx.metrics.request_errors.labels(verb, "forbidden").inc()
+            await send_json(send, 403, _NO_CLIENT_CERT)
+            return True
         start = time.perf_counter()
         status = 200
         try:

@@ -98,3 +98,55 @@ def test_a_missing_kubeconfig_exits_2_with_one_line(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "cannot load the cluster configuration" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def test_with_a_client_ca_only_the_scheduler_with_its_certificate_reaches_the_verbs(cert, tmp_path):
+    """Issue 28: kube-scheduler's extender tlsConfig presents a client certificate; without
+    one the verbs are refused 403, while agents still push with their tokens alone."""
+    crt, key = cert
+    ca_key, ca_crt = tmp_path / "ca.key", tmp_path / "ca.crt"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
+             str(ca_key), "-out", str(ca_crt), "-subj", "/CN=scheduler-ca")  # fmt: skip
+    c_key, c_csr, c_crt = tmp_path / "c.key", tmp_path / "c.csr", tmp_path / "c.crt"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(c_key), "-out", str(c_csr),
+             "-subj", "/CN=edgegpu-scheduler")  # fmt: skip
+    _openssl("x509", "-req", "-in", str(c_csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", "1", "-out", str(c_crt))  # fmt: skip
+    tokens = tmp_path / "tokens"
+    tokens.write_text("agent-token n1\n")
+    proc, port = start("--tls-cert-file", str(crt), "--tls-key-file", str(key),
+                       "--client-ca-file", str(ca_crt), "--static-token-file", str(tokens))  # fmt: skip
+    try:
+        server_ca = ssl.create_default_context(cafile=str(crt))
+        wait_up(f"https://127.0.0.1:{port}/healthz", server_ca, proc)
+        body = {"Pod": {"metadata": {"name": "p"}, "spec": {"containers": []}}, "NodeNames": ["a"]}
+        url = f"https://127.0.0.1:{port}"
+        refused = httpx.post(f"{url}/filter", json=body, verify=server_ca)
+        assert refused.status_code == 403 and "client certificate" in refused.text
+        scheduler = ssl.create_default_context(cafile=str(crt))
+        scheduler.load_cert_chain(str(c_crt), str(c_key))
+        ok = httpx.post(f"{url}/filter", json=body, verify=scheduler)
+        assert ok.status_code == 200 and ok.json()["NodeNames"] == ["a"]
+        push = httpx.post(f"{url}/v1/telemetry", content=b"{}", verify=server_ca,
+                          headers={"authorization": "Bearer agent-token"})  # fmt: skip
+        assert push.status_code == 422  # reached the telemetry handler: no certificate needed
+        stranger = ssl.create_default_context(cafile=str(crt))
+        stranger.load_cert_chain(str(crt), str(key))  # a certificate of another CA
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(f"{url}/filter", json=body, verify=stranger)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert b"Traceback" not in err
+
+
+def test_a_client_ca_without_tls_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler_extender", "--client-ca-file", str(tmp_path / "ca")],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--client-ca-file needs --tls-cert-file" in proc.stderr
