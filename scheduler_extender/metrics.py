@@ -113,6 +113,13 @@ class ExtenderMetrics:
             "1 while this replica holds the leader Lease (acts on the cluster).",
             registry=registry,
         )
+        self.remediation = Counter(
+            "edgegpu_extender_remediation_actions_total",
+            "Actions of the remediation loop, by action (evict), reason (thermal) and result "
+            "(evicted, dry_run, blocked by a PodDisruptionBudget, gone, failed).",
+            ["action", "reason", "result"],
+            registry=registry,
+        )
         registry.register(_TelemetryAge(state))
         # Children of the per-request series, looked up once (a labels() call takes a lock).
         self._verdict_children: dict[tuple[str, int], Counter] = {}

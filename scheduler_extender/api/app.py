@@ -26,6 +26,7 @@ from scheduler_extender.k8s.client import KubeApi
 from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
+from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.state.cluster import ClusterState
 from scheduler_extender.sync import ClusterSync
 from scheduler_extender.telemetry.clock import Clock, SystemClock
@@ -102,9 +103,15 @@ def create_app(
                 on_change=lambda leader: ctx.metrics.leader.set(1 if leader else 0),
             )
             ctx.elector.start()
+        elector = ctx.elector
+        remediator = Remediator(
+            state, kube, ctx.metrics, lambda: elector is None or elector.is_leader
+        )
+        acting = asyncio.create_task(remediator.run())
         try:
             yield
         finally:
+            acting.cancel()
             if ctx.elector is not None:
                 await asyncio.to_thread(ctx.elector.stop)
             await asyncio.to_thread(ctx.sync.stop)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
 
 from tests.e2e.conftest import Cluster, until
 from tests.e2e.edgegpu import NAMESPACE
+from tests.e2e.test_policy_and_auth import patch_policy
 
 
 def served_for(cluster: Cluster, pod: str, verb: str) -> list[str]:
@@ -116,3 +121,42 @@ def test_leader_election_over_a_real_lease_survives_the_leader_dying(cluster: Cl
         names[leader].stop()
         names[leader].start()
         cluster.fresh()
+
+
+def test_a_pod_on_a_gpu_hot_for_longer_than_migrate_after_is_evicted(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    """Issue 25, thermal migration: the leader evicts the lowest-class pod of a hot GPU through
+    the Eviction API once it has been hot for longer than ``migrateAfter``."""
+    hot = cluster.extenders[0].get("/debug/nodes/hot-0")["gpus"][0]
+    assert hot["hot"], hot
+    pod = cluster.pod("on-hot-gpu", ns, blocks=1, qos="best-effort")
+    pod["spec"]["nodeName"] = "hot-0"  # placed before it overheated, as running work is
+    pod["metadata"]["annotations"].update({
+        "edgegpu.io/gpu-index": "0", "edgegpu.io/gpu-uuid": hot["uuid"],
+        "edgegpu.io/assigned-at": "2026-12-05T00:00:00Z",
+    })  # fmt: skip
+    cluster.create(pod)
+    started = time.monotonic()
+    patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False},
+                            "thermalThrottling": {"migrateAfter": "10s"}})  # fmt: skip
+    try:
+        until("the pod evicted", lambda: cluster.get_pod(ns, "on-hot-gpu") is None, 60.0)
+        took = time.monotonic() - started
+        evicted = sum(_evictions(e) for e in cluster.extenders)
+        say(f"thermal migration: the best-effort pod left hot-0's GPU 0 {took:.1f} s after "
+            f"remediation was enabled; evictions counted by the replicas: {evicted:g}")  # fmt: skip
+        assert evicted >= 1
+    finally:
+        patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True},
+                                "thermalThrottling": {"migrateAfter": "2m"}})  # fmt: skip
+
+
+def _evictions(ext: Any) -> float:
+    text = httpx.get(f"{ext.url}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("edgegpu_extender_remediation_actions_total{")
+        and 'result="evicted"' in line
+    )

@@ -152,12 +152,13 @@ def test_the_extender_deployment_agrees_with_its_settings_and_routes():
 def test_the_extender_role_allows_what_the_code_calls_and_nothing_broader():
     rules = by_kind("ClusterRole", "edgegpu-extender")["rules"]
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
-    needed = {("nodes", "watch"), ("pods", "watch"), ("pods", "patch"), ("pods/binding", "create"),
+    needed = {("nodes", "watch"), ("pods", "watch"), ("pods/binding", "create"),
               ("pods/eviction", "create"), ("tokenreviews", "create"), ("gpuschedulingpolicies", "watch"),
               ("gpuschedulingpolicies/status", "patch")}  # fmt: skip
     assert needed <= granted
     assert all("*" not in rule["verbs"] and "*" not in rule["resources"] for rule in rules)
     assert not any(v in ("delete", "deletecollection") for _, v in granted)
+    assert ("pods", "patch") not in granted  # bind writes the annotations through the Binding
     lease = by_kind("Role", "edgegpu-extender-leader")["rules"][0]
     assert lease["resources"] == ["leases"]
 

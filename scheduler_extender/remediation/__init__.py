@@ -1,0 +1,1 @@
+"""Acting on the cluster: thermal migration, run by the elected leader."""
