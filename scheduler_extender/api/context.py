@@ -54,22 +54,3 @@ def get_ctx(request: Request) -> AppContext:
     """The context of the app serving this request."""
     ctx: AppContext = request.app.state.ctx
     return ctx
-
-
-class BodyTooLarge(Exception):
-    """The request body is over its cap."""
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing anything over ``limit`` bytes without reading it all."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise BodyTooLarge(f"body of {length} bytes is over the limit of {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

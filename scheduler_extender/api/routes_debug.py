@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.api import verbs
-from scheduler_extender.api.context import AppContext, BodyTooLarge, get_ctx, read_body
+from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy import memory
+from scheduler_extender.serving import declared_length, read_body
 from scheduler_extender.state.cluster import ClusterState
 
 
@@ -148,7 +149,10 @@ async def debug_node(name: str, request: Request) -> JSONResponse:
     "/debug/explain",
     tags=["debug"],
     summary="Why each node passes or fails, and every score term",
-    responses={400: {"description": "not an ExtenderArgs, or a body over the size cap"}},
+    responses={
+        400: {"description": "not an ExtenderArgs, or a body over the size cap"},
+        408: {"description": "the body did not arrive in time"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -160,10 +164,15 @@ async def debug_explain(request: Request) -> JSONResponse:
     """Body: an ExtenderArgs as the scheduler would send it."""
     ctx: AppContext = get_ctx(request)
     try:
-        body = await read_body(request, ctx.settings.max_request_bytes)
+        limit = ctx.settings.max_request_bytes
+        body = await read_body(request.receive, limit, declared_length(request.scope))
+        if body is None:
+            raise RequestError(f"body is over the limit of {limit} bytes")
         return JSONResponse(verbs.explain(ctx, body))
-    except (RequestError, BodyTooLarge) as exc:
+    except RequestError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
+    except TimeoutError:
+        return JSONResponse({"error": "the request body did not arrive in time"}, status_code=408)
 
 
 @debug.get("/debug/policy", tags=["debug"], summary="The policy in force")
