@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install the project with every extra
 
-run: $(STAMP) ## start the extender on $(HOST):$(PORT) with $(NODES) simulated node agents
+run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4) simulated node agents
 	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES)
 
-cluster: $(STAMP) ## a real control plane with edgegpu installed and $(NODES) simulated GPU nodes (kubeconfig: .e2e/kubeconfig)
+cluster: $(STAMP) ## a real control plane with edgegpu installed and NODES (4) simulated GPU nodes (kubeconfig: .e2e/kubeconfig)
 	$(PY) -m tests.e2e.cluster --nodes $(NODES)
 
 test: $(STAMP) lint typecheck imports pytest ## lint, types, layers, unit and integration tests (no cluster)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from node_agent import __version__, health, power
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
+from node_agent.backends.simulated import SCENARIOS
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
 from node_agent.errors import BackendUnavailable
@@ -30,12 +31,17 @@ from node_agent.loop import Agent
 from node_agent.push import FlappingLinkTransport, Pusher
 from node_agent.selftest import run_self_test
 from scheduler_extender import logs
+from scheduler_extender.flags import Parser, describe_settings
 
 log = logging.getLogger("node_agent")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpu-node-agent", description="edgegpu node agent.")
+    p = Parser(
+        prog="gpu-node-agent",
+        description="edgegpu node agent. Every setting is also read from EDGEGPU_AGENT_<NAME> "
+        "(the node name from NODE_NAME); a flag wins over its variable.",
+    )
     p.add_argument("--backend", choices=["nvml", "simulated", "jetson"])
     p.add_argument("--extender-url", help="extender URL(s), comma-separated (every replica)")
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
@@ -67,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fatal-xids", help="comma-separated XIDs that make a GPU unhealthy")
     p.add_argument("--gpus", type=int, help="simulated: number of GPUs")
     p.add_argument("--seed", type=int, help="simulated: seed")
-    p.add_argument("--scenario", help="simulated: steady, overheat, gpu-lost, xid-79, ecc, ...")
+    p.add_argument("--scenario", help=f"simulated: one of {', '.join(SCENARIOS)}")
     p.add_argument("--scenario-after-s", type=float, help="simulated: when the fault starts")
     p.add_argument("--load-pct", type=float, help="simulated: fixed utilisation")
     p.add_argument("--model", help="simulated: GPU model (Tesla T4, NVIDIA A10, NVIDIA L4)")
@@ -81,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    describe_settings(p, AgentSettings, "EDGEGPU_AGENT_")
     return p
 
 
@@ -185,6 +192,10 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
                             f"# {action.action.kind} gpu {action.action.index}: {action.outcome}",
                             file=sys.stderr,
                         )
+                pushed = result.push.results.values() if result.push is not None else []
+                if pushed and not any(r in ("ok", "ignored") for r in pushed):
+                    print("gpu-node-agent: the report reached no extender", file=sys.stderr)
+                    return 1
                 return 0
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

@@ -17,12 +17,15 @@ from pydantic import ValidationError
 from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
+from scheduler_extender.flags import Parser, describe_settings
 from scheduler_extender.serving import uvicorn_options
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpu-sched-extender", description="GPU-aware kube-scheduler extender."
+    p = Parser(
+        prog="gpu-sched-extender",
+        description="GPU-aware kube-scheduler extender. Every setting is also read from "
+        "EDGEGPU_<NAME>; a flag wins over its variable.",
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8888)")
@@ -51,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    describe_settings(p, ExtenderSettings, "EDGEGPU_")
     return p
 
 

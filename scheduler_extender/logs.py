@@ -35,3 +35,5 @@ def setup(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(OneLineFormatter(FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    if level != "debug":  # httpx logs every request at INFO: one line per push
+        logging.getLogger("httpx").setLevel(logging.WARNING)

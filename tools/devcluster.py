@@ -53,6 +53,10 @@ def _curl_examples(base: str, node: str, metrics_port: int) -> str:
 """
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the extender and the agents, print the curl commands, wait for Ctrl-C."""
     p = argparse.ArgumentParser(description=__doc__)
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", help="GPUSchedulingPolicy file for the extender")
     p.add_argument("--duration-s", type=float, default=0.0, help="stop after this long (0 = never)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupted)  # stop the children too, as Ctrl-C does
     base = f"http://{args.host}:{args.port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [

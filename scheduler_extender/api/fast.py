@@ -28,6 +28,7 @@ from scheduler_extender.serving import (
     Send,
     declared_length,
     internal_error,
+    json_headers,
     read_body,
     read_push,
     send_json,
@@ -74,8 +75,14 @@ class FastRoutes:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer a hot route and return True; False when the request is not one."""
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST":
+        if route is None:
             return False
+        if scope["method"] != "POST":
+            refusal = b'{"error":"method not allowed: POST only"}'
+            headers = [*json_headers(refusal), (b"allow", b"POST")]
+            await send({"type": "http.response.start", "status": 405, "headers": headers})
+            await send({"type": "http.response.body", "body": refusal})
+            return True
         verb, handler = route
         ctx = self.ctx
         if (

@@ -30,6 +30,12 @@ log = logging.getLogger("scheduler_extender")
 _PREEMPTION_HELPS = frozenset({Reason.OK, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS})
 
 
+def _refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:
+    """Log a refused request once, with the verb in front once (wire errors name it already)."""
+    message = str(exc)
+    log.log(level, "%s", message if message.startswith(f"{verb}: ") else f"{verb}: {message}")
+
+
 def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
     demand = translate.pod_demand(pod, ctx.state.policy.spec.qos)
     ctx.state.remember_demand(demand)
@@ -65,7 +71,7 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         return wire.encode_filter_result(args, decision.passed.tolist(), failed, unresolvable)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("filter", "malformed").inc()
-        log.info("filter: %s", exc)
+        _refused("filter", exc)
         return wire.encode_filter_result(None, None, error=str(exc))
     except Exception as exc:  # a bug must not become a 500 the scheduler cannot read
         ctx.metrics.request_errors.labels("filter", "internal").inc()
@@ -91,7 +97,7 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
         ctx.metrics.request_errors.labels("prioritize", "malformed").inc()
-        log.warning("prioritize: %s", exc)
+        _refused("prioritize", exc, logging.WARNING)
     except Exception:
         ctx.metrics.request_errors.labels("prioritize", "internal").inc()
         log.exception("prioritize: internal error")
@@ -133,7 +139,7 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
         args = wire.parse_preemption_args(body)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("preempt", "malformed").inc()
-        log.warning("preempt: %s", exc)
+        _refused("preempt", exc, logging.WARNING)
         return wire.encode_preemption_result({})
     try:
         demand = _demand(ctx, args.pod)
@@ -179,7 +185,7 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
         return wire.encode_preemption_result(kept)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("preempt", "malformed").inc()
-        log.warning("preempt: %s", exc)
+        _refused("preempt", exc, logging.WARNING)
     except Exception:
         ctx.metrics.request_errors.labels("preempt", "internal").inc()
         log.exception("preempt: internal error")
@@ -240,7 +246,7 @@ async def _bind_demand(ctx: AppContext, args: wire.BindingArgs) -> PodDemand | N
     try:
         return _demand(ctx, pod)
     except RequestError as exc:
-        log.info("bind: %s", exc)
+        _refused("bind", exc)
         return None
 
 

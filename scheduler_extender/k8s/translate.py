@@ -41,7 +41,7 @@ def _quantity(value: Any, where: str) -> int:
     elif isinstance(value, str) and _WHOLE_NUMBER.match(value.strip()):
         amount = int(value.strip())
     else:
-        raise RequestError(f"{where}: {value!r} is not a whole number")
+        raise RequestError(f"{where}: {value!r} is not a count (a whole number, 0 or more)")
     if amount > MAX_EXTENDED:
         raise RequestError(f"{where}: {value!r} is more than any node has (at most {MAX_EXTENDED})")
     return amount

@@ -115,7 +115,12 @@ DEFAULT_POLICY = Policy()
 def parse_policy(document: Any) -> Policy:
     """Validate a loaded document; raises ``PolicyError`` listing every problem at once."""
     if not isinstance(document, dict):
-        raise PolicyError([f"the document must be a mapping, not {type(document).__name__}"])
+        raise PolicyError(
+            [
+                "not a GPUSchedulingPolicy: YAML or JSON with apiVersion, kind and spec keys "
+                f"was expected, and this file parses as a {type(document).__name__}"
+            ]
+        )
     try:
         return Policy.model_validate(document)
     except ValidationError as exc:

@@ -336,3 +336,9 @@ async def test_an_absurd_request_is_a_clear_error_not_an_internal_one(client, bl
     resp = await client.post("/filter", json=args_names(pod("p", blocks=blocks), ["a"]))
     assert resp.status_code == 200
     assert "more than any node has" in resp.json()["Error"]
+
+
+async def test_a_verb_asked_with_get_is_405_with_allow_post(client):
+    for path in ("/filter", "/prioritize", "/preempt", "/bind", "/v1/telemetry"):
+        resp = await client.get(path)
+        assert resp.status_code == 405 and resp.headers["allow"] == "POST", path

@@ -50,8 +50,8 @@ def test_a_pod_without_uid_or_namespace_still_gets_an_identity():
 @pytest.mark.parametrize(
     ("spec_change", "message"),
     [
-        pytest.param({"blocks": "0.5"}, "is not a whole number", id="fractional blocks"),
-        pytest.param({"blocks": "-1"}, "is not a whole number", id="negative blocks"),
+        pytest.param({"blocks": "0.5"}, "is not a count", id="fractional blocks"),
+        pytest.param({"blocks": "-1"}, "is not a count", id="negative blocks"),
         pytest.param({"blocks": 1, "whole": 1}, "use one", id="both kinds of gpu request"),
         pytest.param({"qos": "gold"}, "is not a QoS class", id="unknown qos class"),
         pytest.param({"blocks": 2**63}, "more than any node has", id="2^63 blocks"),

@@ -85,7 +85,7 @@ def test_our_extensions_are_optional_and_validated():
 
 
 def test_a_document_that_is_not_a_mapping_is_refused():
-    with pytest.raises(PolicyError, match="mapping"):
+    with pytest.raises(PolicyError, match=r"not a GPUSchedulingPolicy.*parses as a list"):
         load_policy_text("- a\n- b\n", "list")
     with pytest.raises(PolicyError, match="not valid YAML"):
         load_policy_text("{unclosed", "broken")
