@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ["steady", "steady", "overheat", "xid-79", "steady", "ecc", "steady", "gpu-lost"]
+SCENARIOS = [
+    "steady", "steady", "cabinet-overheat", "xid-79", "steady", "overheat", "ecc", "gpu-lost",
+]  # fmt: skip
 
 
 def _wait_for(url: str, timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> bool:

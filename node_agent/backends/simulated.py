@@ -20,6 +20,7 @@ from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, 
 SCENARIOS: Final = (
     "steady",
     "overheat",
+    "cabinet-overheat",
     "gpu-lost",
     "xid-79",
     "ecc",
@@ -138,13 +139,17 @@ class SimulatedBackend:
                 power_limit_w=model.tdp_w,
                 rng=random.Random(self._seed + i + 1),
             )
-            if self.scenario == "overheat" and i == 0:
+            if self._overheats(i):
                 gpu.base_util_pct = 95.0
             # Start at the steady temperature of the base load, as a GPU that has been running.
             start_w = model.idle_w + (model.tdp_w - model.idle_w) * gpu.base_util_pct / 100.0
             gpu.temperature_c = ambient + model.thermal_resistance_c_per_w * start_w
             self._gpus.append(gpu)
         self._opened = True
+
+    def _overheats(self, index: int) -> bool:
+        """Whether this GPU's scenario heats it: GPU 0 (overheat) or every GPU (cabinet)."""
+        return self.scenario == "cabinet-overheat" or (self.scenario == "overheat" and index == 0)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -183,7 +188,7 @@ class SimulatedBackend:
         if gpu.locked_clock_mhz is not None:
             reasons.append("applications_clocks_setting")
         ambient = gpu.ambient_c
-        if self.scenario == "overheat" and gpu.index == 0 and self._in_fault():
+        if self._overheats(gpu.index) and self._in_fault():
             ambient = 48.0  # blocked airflow in the cabinet
         target = ambient + m.thermal_resistance_c_per_w * power
         dt = 0.0 if gpu.last_t is None else max(now - gpu.last_t, 0.0)

@@ -60,6 +60,15 @@ def test_locked_low_clocks_lower_power():
 def test_overheat_drives_gpu0_over_85_c():
     b, clock = make("overheat", gpus=2)
     assert run(b, clock, 400).temperature_c >= 85.0
+    assert b.read(1).temperature_c < 85.0
+
+
+def test_cabinet_overheat_drives_every_gpu_over_85_c():
+    b, clock = make("cabinet-overheat", gpus=3)
+    for _ in range(80):  # 400 s, every GPU sampled every 5 s as the agent does
+        clock.t += 5.0
+        temps = [b.read(i).temperature_c for i in range(3)]
+    assert min(temps) >= 85.0, temps
 
 
 def test_gpu_lost_loses_the_last_gpu_after_the_fault_time():
