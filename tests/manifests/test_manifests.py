@@ -199,7 +199,11 @@ def test_the_node_agent_daemonset_is_the_seed_shape_and_agrees_with_the_agent():
 def test_the_alerts_use_metrics_the_agent_and_extender_export():
     rule = by_kind("PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert alerts["GPUHighTemperature"]["expr"].startswith("node_gpu_temperature_celsius")
+    guide = {"alert": "GPUHighTemperature", "expr": 'node_gpu_temperature_celsius{device="0"} > 80',
+             "for": "2m", "labels": {"severity": "critical"},
+             "annotations": {"summary": "GPU 0 temperature exceeds 80C"}}  # fmt: skip
+    assert alerts["GPUHighTemperature"] == guide  # the deployment guide's, exactly
+    assert alerts["GPUAboveMaxTemp"]["expr"] == "node_gpu_temperature_celsius > 85"
     from node_agent import exporter
 
     agent_names = {name for name, *_ in exporter._GAUGES} | {
