@@ -33,6 +33,7 @@ import httpx
 import orjson
 import yaml
 
+from benchmarks.latency import rss_mib
 from benchmarks.workload import node_name
 from tests.e2e.controlplane import ROOT, ControlPlane, Process, free_port, wait_until
 from tests.e2e.edgegpu import EdgegpuScheduler, Extender, install
@@ -352,25 +353,6 @@ def namespace(cp: ControlPlane, name: str) -> Iterator[str]:
         cp.request("DELETE", f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process and its children (the relay, when there is one)."""
-    total = 0.0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
-        except OSError:
-            pass
-    return round(total, 1)
-
-
 def extender_counts(url: str) -> dict[str, float]:
     """Errors and bind results from the extender's /metrics."""
     out: dict[str, float] = {"errors": 0.0, "bind_refusals": 0.0}
@@ -423,9 +405,10 @@ async def create_nodes(cp: ControlPlane, count: int) -> None:
         await asyncio.gather(*(one() for _ in range(16)))
 
 
-def _up(port: int) -> bool:
+def answers(port: int) -> bool:
+    """Whether a server on this port answers ``GET /healthz`` with 200."""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code < 500
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -508,7 +491,7 @@ async def bench_nodes(
             port = free_port()
             cp.spawn("floor", ["taskset", "-c", "1", sys.executable, "-m", "benchmarks.floor",
                                "--port", str(port)])  # fmt: skip
-            await asyncio.to_thread(wait_until, "the floor", lambda: _up(port), 30.0, 0.2)
+            await asyncio.to_thread(wait_until, "the floor", lambda: answers(port), 30.0, 0.2)
             floor_sched = schedule_with(cp, f"http://127.0.0.1:{port}", "floor-scheduler",
                                         bindVerb="", preemptVerb="")  # fmt: skip
             arm_names.append("floor")
@@ -522,7 +505,7 @@ async def bench_nodes(
         arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arm_names}
         assert ext.process is not None
         pid = ext.process.popen.pid
-        rss_peak = rss_mib(pid)
+        rss_peak = round(rss_mib(pid), 1)
         for r in range(rounds):
             for arm in arm_names:
                 scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
@@ -532,7 +515,7 @@ async def bench_nodes(
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
                     burst = await run_burst(cp, ns, pods, scheduler)
                     result = summary(burst, pods) | placement(burst)
-                    rss_peak = max(rss_peak, rss_mib(pid))
+                    rss_peak = max(rss_peak, round(rss_mib(pid), 1))
                 counts = extender_counts(ext.url)
                 after = vars(pusher.stats)
                 result["pushes"] = {k: after[k] - before[k] for k in after}

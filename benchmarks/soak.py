@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from benchmarks.e2e import Pusher, pod_object, rss_mib
+from benchmarks.e2e import Pusher, answers, pod_object
+from benchmarks.latency import rss_mib
 from benchmarks.workload import node_name
 from tests.e2e.controlplane import ROOT, free_port, wait_until
 
@@ -68,14 +69,14 @@ async def soak(nodes: int, seconds: float, interval_s: float, folder: Path) -> i
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(folder / "extender.log").open("wb"),
     )  # fmt: skip
     try:
-        await asyncio.to_thread(wait_until, "the extender", lambda: _up(port), 30.0, 0.2)
+        await asyncio.to_thread(wait_until, "the extender", lambda: answers(port), 30.0, 0.2)
         pusher = Pusher(port, token, nodes, connections=16, interval_s=interval_s)
         warm = asyncio.Event()
         warming = asyncio.create_task(pusher.run(warm, drain_s=30))
         await asyncio.sleep(interval_s * 2)
         warm.set()
         await warming
-        rss_before = rss_mib(proc.pid)
+        rss_before = round(rss_mib(proc.pid), 1)
         print(f"soak: {nodes} nodes pushing every {interval_s:g} s for {seconds:g} s, "
               f"scheduling alongside; extender RSS after warm-up {rss_before} MiB", flush=True)  # fmt: skip
         pusher = Pusher(port, token, nodes, connections=16, interval_s=interval_s, seq_from=10**6)
@@ -86,7 +87,7 @@ async def soak(nodes: int, seconds: float, interval_s: float, folder: Path) -> i
         stop.set()
         latencies, pairs, errors = await scheduling
         await pushing
-        rss_after = rss_mib(proc.pid)
+        rss_after = round(rss_mib(proc.pid), 1)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -103,13 +104,6 @@ async def soak(nodes: int, seconds: float, interval_s: float, folder: Path) -> i
         print("soak: FAILED (a push was lost, failed or refused, or a verb erred)")
         return 1
     return 0
-
-
-def _up(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

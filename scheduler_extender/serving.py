@@ -61,9 +61,12 @@ def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     return [_CONTENT_TYPE, (b"content-length", b"%d" % len(body))]
 
 
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    """Answer an ASGI request with a JSON body."""
-    await send({"type": "http.response.start", "status": status, "headers": json_headers(body)})
+async def send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Answer an ASGI request with a JSON body (and ``extra`` headers)."""
+    headers = json_headers(body) + (extra or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -28,7 +28,6 @@ from scheduler_extender.serving import (
     Send,
     declared_length,
     internal_error,
-    json_headers,
     read_body,
     read_push,
     send_json,
@@ -47,6 +46,7 @@ VERBS: dict[str, Handler] = {
 }
 
 
+_POST_ONLY = b'{"error":"method not allowed: POST only"}'
 _NO_CLIENT_CERT = b'{"error":"the scheduler verbs need a client certificate (--client-ca-file)"}'
 
 
@@ -78,10 +78,7 @@ class FastRoutes:
         if route is None:
             return False
         if scope["method"] != "POST":
-            refusal = b'{"error":"method not allowed: POST only"}'
-            headers = [*json_headers(refusal), (b"allow", b"POST")]
-            await send({"type": "http.response.start", "status": 405, "headers": headers})
-            await send({"type": "http.response.body", "body": refusal})
+            await send_json(send, 405, _POST_ONLY, [(b"allow", b"POST")])
             return True
         verb, handler = route
         ctx = self.ctx

@@ -41,6 +41,7 @@ from scheduler_extender.state.decisions import (
     NameSet,
     NameSets,
     VerdictCache,
+    WeightedLru,
     demand_key,
 )
 from scheduler_extender.state.host import HostLedger
@@ -158,8 +159,9 @@ class ClusterState:
         self._verdicts = VerdictCache()
         self._mix = MixLearner(policy.spec.fragmentation)
         self._namesets = NameSets()
-        self._decisions: OrderedDict[_MemoKey, _Memo] = OrderedDict()
-        self._memo_rows = 0
+        self._decisions: WeightedLru[_MemoKey, _Memo] = WeightedLru(
+            DECISION_MEMO_SIZE, CACHED_NAMES, lambda memo: memo.passed.shape[0]
+        )
         self._cycle: _Cycle | None = None
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
@@ -393,12 +395,7 @@ class ClusterState:
                 memo = memo.patched(
                     at, self._decide_rows(rows[at], demand, now, ctx, None), version
                 )
-        gone = self._decisions.pop(key, None)
-        self._memo_rows += memo.passed.shape[0] - (0 if gone is None else gone.passed.shape[0])
-        self._decisions[key] = memo
-        while len(self._decisions) > DECISION_MEMO_SIZE or self._memo_rows > CACHED_NAMES:
-            _, old = self._decisions.popitem(last=False)
-            self._memo_rows -= old.passed.shape[0]
+        self._decisions.put(key, memo)
         return memo
 
     def _grounds(

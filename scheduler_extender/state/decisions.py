@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -454,21 +454,48 @@ CACHED_NAMES = 100_000
 """Names held by the kept candidate lists together (twenty lists of 5,000 nodes): memory is
 bounded by what the lists hold, not by how many there are. A longer list is never kept."""
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class WeightedLru(Generic[K, V]):
+    """Entries kept up to ``size`` of them and ``budget`` of weight, least recently used out."""
+
+    def __init__(self, size: int, budget: int, weight: Callable[[V], int]) -> None:
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._size, self._budget, self._weight = size, budget, weight
+        self.held = 0
+        """The weight of the entries kept."""
+
+    def get(self, key: K) -> V | None:
+        """The entry, made the most recently used; None when not kept."""
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        """Keep an entry (replacing the key's), then drop the oldest while over a bound."""
+        gone = self._entries.pop(key, None)
+        self.held += self._weight(value) - (0 if gone is None else self._weight(gone))
+        self._entries[key] = value
+        while len(self._entries) > self._size or self.held > self._budget:
+            _, old = self._entries.popitem(last=False)
+            self.held -= self._weight(old)
+
 
 class NameSets:
     """Raw NodeNames bytes → the names' rows, for the last lists seen (``CACHED_NAMES``)."""
 
     def __init__(self, size: int = 32, budget: int = CACHED_NAMES) -> None:
-        self._sets: OrderedDict[bytes, NameSet] = OrderedDict()
-        self._size = size
+        self._sets: WeightedLru[bytes, NameSet] = WeightedLru(size, budget, lambda s: len(s.names))
         self._budget = budget
-        self._held = 0
         self.memo = AnswerMemo()
 
     @property
     def held(self) -> int:
         """Names held by the kept lists."""
-        return self._held
+        return self._sets.held
 
     def get(self, raw: bytes | None, names: list[str], table: NodeTable) -> NameSet:
         """The NameSet for a list, built (and remembered by its raw bytes) when new.
@@ -481,14 +508,8 @@ class NameSets:
         if raw is not None:
             known = self._sets.get(raw)
             if known is not None and known.index_version == table.index_version:
-                self._sets.move_to_end(raw)
                 return known
         entry = NameSet(names, table.rows(names), table.index_version, raw=raw, memo=self.memo)
         if raw is not None:
-            gone = self._sets.pop(raw, None)
-            self._held += len(names) - (len(gone.names) if gone is not None else 0)
-            self._sets[raw] = entry
-            while len(self._sets) > self._size or self._held > self._budget:
-                _, old = self._sets.popitem(last=False)
-                self._held -= len(old.names)
+            self._sets.put(raw, entry)
         return entry

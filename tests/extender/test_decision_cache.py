@@ -426,10 +426,10 @@ def test_kept_candidate_lists_are_bounded_by_the_names_they_hold(monkeypatch):
         names = [f"x{k}-{i}" for i in range(30)] + ["hot-0"]
         verdict = state.decide(names, demand, raw_names=orjson.dumps(names))
         assert not verdict.passed[-1]
-        assert state._namesets.held <= 100 and state._memo_rows <= 100
+        assert state._namesets.held <= 100 and state._decisions.held <= 100
     huge = [f"y-{i}" for i in range(500)] + ["hot-1"]
     for _ in range(2):
         verdict = state.decide(huge, demand, raw_names=orjson.dumps(huge))
         assert not verdict.passed[-1] and verdict.nameset is not None
         assert verdict.nameset.raw is None  # answered, never kept
-    assert state._namesets.held <= 100 and state._memo_rows <= 100
+    assert state._namesets.held <= 100 and state._decisions.held <= 100
