@@ -29,7 +29,6 @@ from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent
 from node_agent.push import FlappingLinkTransport, Pusher
-from node_agent.selftest import run_self_test
 from scheduler_extender import logs
 from scheduler_extender.flags import Parser, describe_settings
 
@@ -63,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off; default 9400)")
     p.add_argument("--metrics-host")
     p.add_argument("--token-file", help="ServiceAccount token file (sent as a bearer token)")
+    p.add_argument("--reboot-sentinel", help="file written when the extender decides on a reboot")
     p.add_argument("--label", action="append", default=[], help="node label KEY=VALUE (repeatable)")
     p.add_argument("--max-temp-c", type=float)
     p.add_argument("--cool-down-s", type=float)
@@ -98,7 +98,7 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         "dry_run", "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
         "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
         "seed", "scenario", "scenario_after_s", "load_pct", "model", "proc_root", "dev_root",
-        "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root",
+        "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root", "reboot_sentinel",
     ):  # fmt: skip
         value = getattr(ns, key)
         if value is not None:
@@ -181,6 +181,7 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
             dry_run=settings.dry_run,
             power_control=settings.power_control,
             labels=settings.labels,
+            reboot_sentinel=settings.reboot_sentinel,
         )
         try:
             if ns.once:
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.self_test:
         try:
-            verdict = run_self_test(backend.device_count())
+            verdict = backend.self_test()
         finally:
             backend.close()
         verdict["node"] = settings.node_name

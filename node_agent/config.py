@@ -39,6 +39,11 @@ class AgentSettings(BaseSettings):
     labels: dict[str, str] = Field(
         default_factory=dict, description="Node labels sent with reports."
     )
+    reboot_sentinel: Path | None = Field(
+        None,
+        description="File written when the extender decides the node must reboot (kured's "
+        "sentinel is the host's /var/run/reboot-required); unset = only logged.",
+    )
     # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline).
     max_temp_c: float = Field(85.0, gt=0, le=150, description="°C: thermal protection starts here.")
     cool_down_s: float = Field(300.0, ge=0, description="Below maxTemp this long → restore limits.")

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -108,6 +109,7 @@ class Agent:
         labels: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        reboot_sentinel: Path | None = None,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -129,6 +131,12 @@ class Agent:
         """The extender's maxTemp, as its last answer said."""
         self._hot_at: dict[str, float] = {}
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
+        self.reboot_sentinel = reboot_sentinel
+        self.self_test: dict[str, str] | None = None
+        """The verdict of the last self-test the extender asked for: id, verdict, detail."""
+        self._testing: asyncio.Task[None] | None = None
+        self._asked: dict[str, str] = {}
+        """The last request id acted on, by kind (``self_test``, ``reboot``)."""
 
     # -- one round --------------------------------------------------------------------------
     def sample(self) -> Snapshot:
@@ -302,6 +310,7 @@ class Agent:
                 },
                 "gpus": gpus,
                 "hot_threshold_c": self.hot_threshold_c,
+                "self_test": self.self_test,
             }
         )
 
@@ -328,12 +337,62 @@ class Agent:
                 self._boost = outcome.performance_gpus
                 if outcome.max_temp_c is not None:
                     self.hot_threshold_c = outcome.max_temp_c
+            self._follow(outcome.asks)
             if "ignored" in outcome.results.values():
                 # An extender holds a newer report under our boot id (a forged push, or a
                 # copy of this agent): start a new boot id, which resets its ordering.
                 log.warning("an extender ignored our report as not newer: new boot id")
                 self.boot_id, self.seq = str(uuid.uuid4()), 0
         return Round(report, actions, outcome)
+
+    # -- the extender's requests (the fault loop) ---------------------------------------------
+    def _follow(self, asks: dict[str, str]) -> None:
+        """Start a requested self-test, or write the reboot sentinel, once per request id."""
+        test = asks.get("self_test")
+        if test and test != self._asked.get("self_test") and self._testing is None:
+            self._asked["self_test"] = test
+            self._testing = asyncio.create_task(self._run_self_test(test))
+        reboot = asks.get("reboot")
+        if reboot and reboot != self._asked.get("reboot"):
+            self._asked["reboot"] = reboot
+            self.request_reboot(reboot)
+
+    async def _run_self_test(self, request: str) -> None:
+        try:
+            log.warning("the extender asked for a self-test (%s): running it", request)
+            try:
+                doc = await asyncio.to_thread(self.backend.self_test)
+            except Exception as exc:
+                doc = {"verdict": "fail", "reason": f"{type(exc).__name__}: {exc}", "checks": []}
+            verdict = "pass" if doc.get("verdict") == "pass" else "fail"
+            failed = [
+                f"{c.get('name')}: {c.get('detail', '')}".strip(": ")
+                for c in doc.get("checks") or []
+                if c.get("outcome") == "fail"
+            ]
+            detail = "; ".join([doc.get("reason") or "", *failed]).strip("; ")[:1024]
+            if verdict == "pass":
+                # The GPUs were verified: a fatal XID seen before no longer marks them.
+                for mem in self._gpus.values():
+                    mem.last_fatal_xid = None
+            self.self_test = {"id": request, "verdict": verdict, "detail": detail}
+            log.warning("self-test %s: %s %s", request, verdict, detail)
+        finally:
+            self._testing = None
+
+    def request_reboot(self, request: str) -> None:
+        """Write the reboot sentinel (kured and similar tools reboot the node when it exists)."""
+        if self.reboot_sentinel is None:
+            log.error("the extender decided this node must reboot (%s); no sentinel set", request)
+            return
+        try:
+            self.reboot_sentinel.write_text(f"edgegpu remediation {request}\n", encoding="utf-8")
+        except OSError as exc:
+            where = self.reboot_sentinel
+            log.error("reboot requested (%s): cannot write %s: %s", request, where, exc)
+            return
+        log.error("the extender decided this node must reboot (%s): wrote %s", request,
+                  self.reboot_sentinel)  # fmt: skip
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds every ``interval_s`` until ``stop`` is set; no error ends the loop."""

@@ -37,6 +37,8 @@ class _Target:
     last_error: str = ""
     max_temp_c: float | None = None
     """The extender's maxTemp, from its last answer."""
+    asks: dict[str, str] = field(default_factory=dict)
+    """The remediation requests of its last answer: ``self_test`` / ``reboot`` → id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,8 @@ class PushOutcome:
     """GPUs the extender says hold high-QoS pods (restore full clocks)."""
     max_temp_c: float | None = None
     """The lowest ``maxTemp`` the extenders answered with (what counts as hot)."""
+    asks: dict[str, str] = field(default_factory=dict)
+    """What the extenders asked this round: ``self_test`` / ``reboot`` → request id."""
 
 
 class Pusher:
@@ -167,6 +171,11 @@ class Pusher:
         max_temp = payload.get("max_temp_c") if isinstance(payload, dict) else None
         if isinstance(max_temp, int | float) and not isinstance(max_temp, bool):
             target.max_temp_c = float(max_temp)
+        target.asks = {}
+        for ask in ("self_test", "reboot"):
+            request = payload.get(ask) if isinstance(payload, dict) else None
+            if isinstance(request, dict) and isinstance(request.get("id"), str):
+                target.asks[ask] = request["id"][:64]
         return ("ok" if accepted else "ignored"), boost
 
     def _failed(self, target: _Target, now: float, error: str) -> PushResult:
@@ -184,10 +193,15 @@ class Pusher:
         done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
+        asks: dict[str, str] = {}
+        for t, (result, _) in zip(targets, done, strict=True):
+            if result in ("ok", "ignored"):
+                asks.update(t.asks)
         return PushOutcome(
             {t.base: r for t, (r, _) in zip(targets, done, strict=True)},
             boost,
             min(told) if told else None,
+            asks,
         )
 
 

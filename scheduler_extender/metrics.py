@@ -115,9 +115,16 @@ class ExtenderMetrics:
         )
         self.remediation = Counter(
             "edgegpu_extender_remediation_actions_total",
-            "Actions of the remediation loop, by action (evict), reason (thermal) and result "
-            "(evicted, dry_run, blocked by a PodDisruptionBudget, gone, failed).",
+            "Actions of the remediation loop, by action (evict, cordon, self-test, reboot, "
+            "uncordon, release, needs-human), reason (thermal, gpu_fault) and result (evicted, "
+            "done, dry_run, blocked by a PodDisruptionBudget, rate_limited, gone, failed).",
             ["action", "reason", "result"],
+            registry=registry,
+        )
+        self.remediation_transitions = Counter(
+            "edgegpu_extender_remediation_transitions_total",
+            "Nodes entering a state of the GPU fault loop (healthy: the loop ended).",
+            ["state"],
             registry=registry,
         )
         registry.register(_TelemetryAge(state))

@@ -31,6 +31,9 @@ RACK_LABEL_FALLBACK: Final = "topology.kubernetes.io/zone"
 RDMA_LABEL: Final = "edgegpu.io/rdma"
 REMEDIATION_ANNOTATION: Final = "edgegpu.io/remediation"
 UNHEALTHY_TAINT: Final = "edgegpu.io/gpu-unhealthy"
+REMEDIATION_OPT_OUT: Final = "edgegpu.io/remediation"
+"""Node label: ``disabled`` keeps the fault loop off the node."""
+HEALTH_CONDITION: Final = "EdgeGPUHealthy"
 
 # Telemetry.
 TELEMETRY_SCHEMA: Final = "edgegpu.io/telemetry/v1"

@@ -95,6 +95,14 @@ class GpuReport(msgspec.Struct, frozen=True, gc=False):
     hot_s_ago: Annotated[float, msgspec.Meta(ge=0, le=10**9)] | None = None
 
 
+class SelfTestResult(msgspec.Struct, frozen=True, gc=False):
+    """The verdict of the self-test the extender asked for."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    verdict: Literal["pass", "fail"]
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
 class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     """One push from one node agent: every GPU of the node."""
 
@@ -113,6 +121,7 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     ] = {}
     node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
     hot_threshold_c: _Celsius | None = None
+    self_test: SelfTestResult | None = None
 
     def __post_init__(self) -> None:
         seen: set[int] = set()

@@ -6,7 +6,7 @@ raises ``NotSupported``. Imports only ``model`` and ``errors``.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
 
@@ -59,4 +59,8 @@ class GpuBackend(Protocol):
 
     def reset_clocks(self, index: int) -> None:
         """Undo ``lock_clocks_mhz``."""
+        ...
+
+    def self_test(self) -> dict[str, Any]:
+        """The node's GPU self-test (``selftest.run_self_test``'s verdict document)."""
         ...

@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent.jetson")
 
@@ -185,3 +186,7 @@ class JetsonBackend:
     def reset_clocks(self, index: int) -> None:
         """Not supported."""
         raise NotSupported("clock locking is not implemented for Jetson")
+
+    def self_test(self) -> dict[str, Any]:
+        """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
+        return run_self_test(self.device_count())

@@ -19,6 +19,7 @@ from node_agent.cuda_probe import CudaProbe
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
 from node_agent.procmap import pod_of_pid
+from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent.nvml")
 
@@ -322,3 +323,7 @@ class NvmlBackend:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+    def self_test(self) -> dict[str, Any]:
+        """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
+        return run_self_test(self.device_count(), probe=self._probe)

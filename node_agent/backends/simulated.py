@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
@@ -273,3 +273,19 @@ class SimulatedBackend:
     def reset_clocks(self, index: int) -> None:
         """Unlock the SM clock."""
         self._settable(index).locked_clock_mhz = None
+
+    def self_test(self) -> dict[str, Any]:
+        """A lost GPU or one with uncorrectable ECC errors fails; an XID alone passes.
+
+        As on real hardware once the driver has reset the GPU after an XID.
+        """
+        checks = []
+        for gpu in self._gpus:
+            bad = "lost" if gpu.lost else "uncorrectable ECC errors" if gpu.ecc_uncorrected else ""
+            checks.append(
+                {"name": f"simulated-gpu{gpu.index}", "outcome": "fail" if bad else "pass",
+                 "detail": bad, "duration_s": 0.0}
+            )  # fmt: skip
+        verdict = "fail" if any(c["outcome"] == "fail" for c in checks) else "pass"
+        return {"verdict": verdict, "reason": "", "gpus": len(checks), "checks": checks,
+                "duration_s": 0.0}  # fmt: skip

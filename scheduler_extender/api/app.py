@@ -94,20 +94,27 @@ def create_app(
             on_restart=lambda resource, why: ctx.metrics.watch_restarts.labels(resource, why).inc(),
         )
         ctx.sync.start()
+        identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
         if settings.leader_elect:
             ctx.elector = LeaseElector(
                 kube,
                 namespace=settings.namespace,
                 name=settings.lease_name,
-                identity=settings.identity or f"{socket.gethostname()}-{os.getpid()}",
+                identity=identity,
                 on_change=lambda leader: ctx.metrics.leader.set(1 if leader else 0),
             )
             ctx.elector.start()
-        elector = ctx.elector
-        remediator = Remediator(
-            state, kube, ctx.metrics, lambda: elector is None or elector.is_leader
+        elector, sync = ctx.elector, ctx.sync
+        ctx.remediator = Remediator(
+            state,
+            kube,
+            ctx.metrics,
+            lambda: elector is None or elector.is_leader,
+            nodes=lambda: sync.nodes,
+            pods=lambda: sync.pods,
+            identity=identity,
         )
-        acting = asyncio.create_task(remediator.run())
+        acting = asyncio.create_task(ctx.remediator.run())
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
 from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.state.cluster import ClusterState
 from scheduler_extender.sync import ClusterSync
 
@@ -31,6 +32,7 @@ class AppContext:
     policy_source: str = "defaults"
     sync: ClusterSync | None = None
     elector: LeaseElector | None = None
+    remediator: Remediator | None = None
     warned: set[str] = field(default_factory=set)
 
     @property

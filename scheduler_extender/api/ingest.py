@@ -91,18 +91,21 @@ def _usual_answer(max_temp_c: float) -> bytes:
 def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
     """The (status, JSON body) for a node's report the state took (``ClusterState.ingest``).
 
-    ``max_temp_c`` tells the agent from which temperature to count its GPUs' ``hot_s_ago``.
+    ``max_temp_c`` tells the agent from which temperature to count its GPUs' ``hot_s_ago``;
+    ``self_test`` / ``reboot`` (with an id) are the fault loop's requests of it.
     """
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     # GPUs holding high-QoS pods: the agent keeps them out of power saving.
     performance = ctx.state.performance_gpus(node)
     max_temp_c = ctx.state.policy.spec.thermal_throttling.max_temp_c
-    if result.accepted and not performance and not result.reason:
+    asks = ctx.remediator.requests(node) if ctx.remediator is not None else {}
+    if result.accepted and not performance and not result.reason and not asks:
         return 200, _usual_answer(max_temp_c)  # the usual answer, kept ready
     payload: dict[str, Any] = {
         "accepted": result.accepted,
         "performance_gpus": performance,
         "max_temp_c": max_temp_c,
+        **asks,
     }
     if result.reason:
         payload["reason"] = result.reason

@@ -182,6 +182,21 @@ async def debug_policy(request: Request) -> JSONResponse:
     return JSONResponse({"source": ctx.policy_source, "policy": ctx.state.policy.describe()})
 
 
+@debug.get("/debug/remediation", tags=["debug"], summary="The GPU fault loop's nodes")
+async def debug_remediation(request: Request) -> JSONResponse:
+    """Every node not healthy in the fault loop: state, reason, history and next step.
+
+    The leader's view (a replica that does not lead shows none); ``enabled`` and ``dryRun``
+    as the policy says.
+    """
+    ctx = get_ctx(request)
+    args = ctx.state.policy.spec.remediation
+    nodes = ctx.remediator.view() if ctx.remediator is not None else []
+    return JSONResponse(
+        {"enabled": args.enabled, "dryRun": args.dry_run, "leader": ctx.leader, "nodes": nodes}
+    )
+
+
 @router.get("/healthz", tags=["ops"])
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""

@@ -23,6 +23,8 @@ JsonDict = dict[str, Any]
 POLICY_GROUP: Final = "kepler.io"
 POLICY_VERSION: Final = "v1"
 POLICY_PLURAL: Final = "gpuschedulingpolicies"
+MERGE_PATCH: Final = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 
 
 class KubeError(Exception):
@@ -166,10 +168,29 @@ class KubeApi:
         _call(self.core.create_namespaced_pod_eviction, name, namespace, body)
 
     # -- nodes --------------------------------------------------------------------------------
-    def patch_node(self, name: str, patch: JsonDict) -> JsonDict:
-        """Merge-patch a node (labels, annotations, taints, spec.unschedulable)."""
-        doc: JsonDict = orjson.loads(_call(self.core.patch_node, name, patch).data)
+    def get_node(self, name: str) -> JsonDict:
+        """One node."""
+        doc: JsonDict = orjson.loads(_call(self.core.read_node, name).data)
         return doc
+
+    def patch_node(self, name: str, patch: JsonDict) -> JsonDict:
+        """Merge-patch a node (labels, annotations, taints, spec.unschedulable).
+
+        With ``metadata.resourceVersion`` in the patch, 409 when the node changed since.
+        """
+        doc: JsonDict = orjson.loads(
+            _call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH).data
+        )
+        return doc
+
+    def set_node_condition(self, name: str, condition: JsonDict) -> None:
+        """Add or replace one condition of a node's status (merged by ``type``)."""
+        _call(
+            self.core.patch_node_status,
+            name,
+            {"status": {"conditions": [condition]}},
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
 
     # -- authentication, events, leases, policy ---------------------------------------------
     def token_review(self, token: str) -> JsonDict:

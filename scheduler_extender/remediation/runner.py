@@ -1,24 +1,70 @@
-"""The leader's remediation loop: every few seconds, evict what ``thermal.evictions`` says.
+"""The leader's remediation loop: thermal migration and the GPU fault loop, every few seconds.
 
 Acts only while this replica leads (or when leader election is off) and ``spec.remediation``
-is enabled; with ``dryRun`` it logs and counts what it would do. Evictions go through the
-Eviction API, so PodDisruptionBudgets hold (a refused one is tried again later).
+is enabled. The fault loop's state lives in each node's ``edgegpu.io/remediation`` annotation,
+so a new leader (or this one after a restart) carries on where the last one was, without
+repeating what was done. With ``dryRun`` it plans, logs, counts and records Events, and
+changes no Node or Pod. Evictions go through the Eviction API only, so PodDisruptionBudgets
+hold (a refused one is tried again next round).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
 
-from scheduler_extender.k8s.client import KubeApi, KubeError
+import orjson
+
+from scheduler_extender.domain import Assignment
+from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.names import (
+    HEALTH_CONDITION,
+    REMEDIATION_ANNOTATION,
+    REMEDIATION_OPT_OUT,
+    UNHEALTHY_TAINT,
+)
+from scheduler_extender.policy.remediation import RemediationArgs
 from scheduler_extender.remediation import thermal
+from scheduler_extender.remediation.faults import CORDONED, Action, Observation, Phase, Record, step
 from scheduler_extender.state.cluster import ClusterState
 
-log = logging.getLogger("scheduler_extender")
+log = logging.getLogger("scheduler_extender.remediation")
 
-PERIOD_S = 5.0
+PERIOD_S = 2.0
+COMPONENT = "edgegpu-extender"
+
+_CONDITION_REASON = {
+    Phase.DRAINING: "Draining",
+    Phase.SELF_TEST: "SelfTest",
+    Phase.REBOOT_REQUESTED: "RebootRequested",
+    Phase.VERIFYING: "Verifying",
+    Phase.NEEDS_HUMAN: "NeedsHuman",
+    Phase.RELEASED: "ReleasedByOperator",
+}
+_EVENT_REASON = {
+    Action.CORDON: "EdgeGPUCordoned",
+    Action.SELF_TEST: "EdgeGPUSelfTestRequested",
+    Action.REBOOT: "EdgeGPURebootRequested",
+    Action.UNCORDON: "EdgeGPUUncordoned",
+    Action.RELEASE: "EdgeGPUReleased",
+    Action.NEEDS_HUMAN: "EdgeGPUNeedsHuman",
+}
+
+
+def _stamp(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_key(a: Assignment) -> tuple[str, str]:
+    return a.namespace, a.name
 
 
 class Remediator:
@@ -30,13 +76,41 @@ class Remediator:
         kube: KubeApi,
         metrics: ExtenderMetrics,
         leading: Callable[[], bool],
+        *,
+        nodes: Callable[[], Mapping[str, JsonDict]] = dict,
+        pods: Callable[[], Mapping[tuple[str, str], JsonDict]] = dict,
+        identity: str = COMPONENT,
     ) -> None:
         self.state = state
         self.kube = kube
         self.metrics = metrics
         self.leading = leading
+        self.nodes = nodes
+        """The Node objects the watch holds, by name."""
+        self.pods = pods
+        """The Pod objects the watch holds, by (namespace, name)."""
+        self.identity = identity
         self._last: dict[thermal.GpuKey, float] = {}
+        self.records: dict[str, Record] = {}
+        """The fault loop's records, while leading (read back from the annotations first)."""
+        self._loaded = False
+        self._evictions: deque[float] = deque()
+        self._planned: set[tuple[str, str]] = set()
+        """Dry run: pods already logged as ones the loop would evict."""
 
+    # -- what the agents are asked -------------------------------------------------------------
+    def requests(self, node: str) -> dict[str, Any]:
+        """Requests for the node's agent, sent in the answer to its push."""
+        rec = self.records.get(node)
+        if rec is None or self.state.policy.spec.remediation.dry_run or not self.leading():
+            return {}
+        if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
+            return {"self_test": {"id": rec.request}}
+        if rec.phase is Phase.REBOOT_REQUESTED:
+            return {"reboot": {"id": rec.request}}
+        return {}
+
+    # -- thermal migration ---------------------------------------------------------------------
     def hot_gpus(self) -> list[thermal.HotGpu]:
         """Every GPU the telemetry shows at or above maxTemp, with how long it has been."""
         now = self.state.clock.monotonic()
@@ -46,39 +120,342 @@ class Remediator:
             if record is None or not record.thermal:
                 continue
             index_of = dict(zip(record.digest.uuids, record.digest.column("index"), strict=True))
-            for uuid, st in record.thermal.items():
-                if st.hot_since is not None and uuid in index_of:
-                    out.append(thermal.HotGpu(node, int(index_of[uuid]), now - st.hot_since))
+            for uuid_, st in record.thermal.items():
+                if st.hot_since is not None and uuid_ in index_of:
+                    out.append(thermal.HotGpu(node, int(index_of[uuid_]), now - st.hot_since))
         return out
 
-    async def step(self) -> list[thermal.Eviction]:
-        """One round: the evictions due, taken (or, with dryRun, only logged)."""
+    async def migrate(self) -> list[thermal.Eviction]:
+        """Thermal migration: the evictions due, taken (or, with dryRun, only logged)."""
         spec = self.state.policy.spec
-        if not spec.remediation.enabled or not self.leading():
-            return []
         now = self.state.clock.monotonic()
         hot = self.hot_gpus()
         pods = {gpu.node: self.state.allocations.on_node(gpu.node) for gpu in hot}
         due = thermal.evictions(hot, pods, spec.thermal_throttling, self._last, now)
         for ev in due:
             self._last[ev.gpu] = now
-            pod = f"{ev.pod.namespace}/{ev.pod.name}"
-            if spec.remediation.dry_run:
-                log.warning("remediation (dry run): would evict %s: %s", pod, ev.reason)
-                self.metrics.remediation.labels("evict", "thermal", "dry_run").inc()
+            if not await self._evict(ev.pod, "thermal", ev.reason, spec.remediation):
+                self._last.pop(ev.gpu, None)  # not taken: try again next round
+        return due
+
+    async def _evict(self, pod: Assignment, why: str, message: str, args: RemediationArgs) -> bool:
+        """Evict one pod (or, in a dry run, say so); False when it should be tried again."""
+        name = f"{pod.namespace}/{pod.name}"
+        if args.dry_run:
+            log.warning("remediation (dry run): would evict %s: %s", name, message)
+            self.metrics.remediation.labels("evict", why, "dry_run").inc()
+            return True
+        now = time.monotonic()
+        while self._evictions and now - self._evictions[0] > 60.0:
+            self._evictions.popleft()
+        if len(self._evictions) >= args.evictions_per_minute:
+            self.metrics.remediation.labels("evict", why, "rate_limited").inc()
+            return False
+        try:
+            await asyncio.to_thread(self.kube.evict_pod, pod.namespace, pod.name)
+        except KubeError as exc:
+            result = {404: "gone", 429: "blocked"}.get(exc.status, "failed")
+            log.warning("remediation: evicting %s: %s (%s)", name, exc, result)
+            self.metrics.remediation.labels("evict", why, result).inc()
+            return result == "gone"
+        self._evictions.append(now)
+        log.warning("remediation: evicted %s: %s", name, message)
+        self.metrics.remediation.labels("evict", why, "evicted").inc()
+        await self._event(
+            {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.pod_uid},
+            "EdgeGPUEvicted",
+            message,
+            "Warning",
+        )
+        return True
+
+    # -- the fault loop ------------------------------------------------------------------------
+    def observe(self, name: str, node: JsonDict) -> Observation:
+        """The node now: its faults (from its agent, or NotReady and silent), pods, verdicts."""
+        store = self.state.store.get(name)
+        spec = self.state.policy.spec
+        faults: list[str] = []
+        gpus: set[int] | None = set()
+        verdict = boot = None
+        cooling = False
+        silent = True
+        if store is not None:
+            report = store.report
+            for g in report.gpus:
+                if g.health == "unhealthy":
+                    faults += [f"gpu{g.index}:{r}" for r in g.health_reasons or ("unhealthy",)]
+                    assert gpus is not None
+                    gpus.add(g.index)
+            age = self.state.clock.monotonic() - store.received_at
+            silent = age > spec.stale_telemetry.stale_after_s(report.interval_s)
+            if report.self_test is not None:
+                verdict = (report.self_test.id, report.self_test.verdict)
+            boot = store.digest.boot_id
+            now = self.state.clock.monotonic()
+            cool_down = spec.thermal_throttling.cool_down_s
+            cooling = any(
+                st.hot_since is not None
+                or (st.below_since is not None and now < st.below_since + cool_down)
+                for st in store.thermal.values()
+            )
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if not ready and silent:
+            faults.append("node:not-ready-silent")
+            gpus = None
+        affected = self._affected(name, None if gpus is None else tuple(sorted(gpus)))
+        return Observation(
+            faults=tuple(faults),
+            gpus=None if gpus is None else tuple(sorted(gpus)),
+            cordoned=bool((node.get("spec") or {}).get("unschedulable")),
+            pods_left=len(affected),
+            verdict=verdict,
+            boot=boot,
+            cooling=cooling,
+        )
+
+    def _affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
+        """Pods on the faulty GPUs (every GPU pod for a node fault) not leaving yet.
+
+        Lowest QoS first, the most recently placed of a class first.
+        """
+        pods = self.pods()
+        out = []
+        for a in self.state.allocations.on_node(name):
+            if gpus is not None and not set(a.gpu_indices) & set(gpus):
+                continue
+            obj = pods.get(_pod_key(a))
+            if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            out.append(a)
+        return sorted(out, key=lambda a: (a.qos, -a.assigned_at))
+
+    def _load(self) -> None:
+        """Read the records back from the node annotations (a new leader, or a restart)."""
+        self.records.clear()
+        for name, node in self.nodes().items():
+            text = ((node.get("metadata") or {}).get("annotations") or {}).get(
+                REMEDIATION_ANNOTATION
+            )
+            if not text:
                 continue
             try:
-                await asyncio.to_thread(self.kube.evict_pod, ev.pod.namespace, ev.pod.name)
-            except KubeError as exc:
-                result = {404: "gone", 429: "blocked"}.get(exc.status, "failed")
-                log.warning("remediation: evicting %s: %s (%s)", pod, exc, result)
-                self.metrics.remediation.labels("evict", "thermal", result).inc()
-                if result == "blocked":
-                    self._last.pop(ev.gpu, None)  # a budget forbids it now: try again next round
+                self.records[name] = Record.from_json(orjson.loads(text))
+            except (ValueError, orjson.JSONDecodeError) as exc:
+                log.warning("node %s: ignoring its remediation annotation: %s", name, exc)
+        self._loaded = True
+
+    async def faults_round(self) -> None:
+        """One round of the fault loop over every GPU node."""
+        args = self.state.policy.spec.remediation
+        if not self._loaded:
+            self._load()
+        nodes = self.nodes()
+        wall = self.state.clock.wall()
+        names = sorted(set(self.state.store.nodes()) | set(self.records))
+        cap = args.cordon_cap(len(names))
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                self.records.pop(name, None)
                 continue
-            log.warning("remediation: evicted %s: %s", pod, ev.reason)
-            self.metrics.remediation.labels("evict", "thermal", "evicted").inc()
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            if labels.get(REMEDIATION_OPT_OUT) == "disabled":
+                continue
+            rec = self.records.get(name)
+            obs = self.observe(name, node)
+            if rec is not None and rec.phase in CORDONED:
+                if args.dry_run:
+                    left = self._affected(name, rec.gpus)
+                    todo = [a for a in left if _pod_key(a) not in self._planned]
+                    obs = replace(obs, cordoned=True, pods_left=len(todo))
+                elif rec.owns_cordon and not obs.cordoned:
+                    obs = replace(obs, cordoned=await self._cordoned_now(name))
+                if rec.gpus != obs.gpus:
+                    obs = replace(obs, pods_left=len(self._affected(name, rec.gpus)))
+            held = sum(1 for r in self.records.values() if r.phase in CORDONED)
+            new, actions = step(
+                rec, obs, wall, args, owner=self.identity, room=held < cap,
+                new_id=lambda: uuid.uuid4().hex[:12],
+            )  # fmt: skip
+            if args.dry_run and rec is not None and rec.phase is Phase.DRAINING:
+                if new is None or new.phase is not Phase.DRAINING:
+                    # A dry run stops at planning the drain; it ends when the fault does.
+                    new, actions = (rec, ()) if obs.faults else (None, ())
+            await self._apply(name, node, rec, new, actions, args)
+
+    async def _cordoned_now(self, name: str) -> bool:
+        """The node's ``spec.unschedulable`` as the API server has it (the watch may lag)."""
+        try:
+            node = await asyncio.to_thread(self.kube.get_node, name)
+        except KubeError:
+            return True  # cannot tell: assume nobody uncordoned it
+        return bool((node.get("spec") or {}).get("unschedulable"))
+
+    async def _apply(
+        self,
+        name: str,
+        node: JsonDict,
+        old: Record | None,
+        new: Record | None,
+        actions: tuple[Action, ...],
+        args: RemediationArgs,
+    ) -> None:
+        """Take the actions, then keep the record (not before: a failed call is tried again)."""
+        ref = {"kind": "Node", "name": name, "uid": (node.get("metadata") or {}).get("uid", "")}
+        last = new or old
+        reason = last.reason if last else ""
+        owns = last.owns_cordon if last else True
+        for action in actions:
+            if action is Action.EVICT:
+                assert new is not None
+                for pod in self._affected(name, new.gpus):
+                    if args.dry_run:
+                        if _pod_key(pod) in self._planned:
+                            continue
+                        self._planned.add(_pod_key(pod))
+                    message = f"GPU fault on node {name}: {new.reason}"
+                    await self._evict(pod, "gpu_fault", message, args)
+                continue
+            message = f"{action.value}: {reason}"
+            if args.dry_run:
+                log.warning("remediation (dry run): node %s: would %s", name, message)
+                self.metrics.remediation.labels(action.value, "gpu_fault", "dry_run").inc()
+                kind = "Warning" if action is not Action.UNCORDON else "Normal"
+                await self._event(ref, "DryRun" + _EVENT_REASON[action], message, kind)
+                continue
+            try:
+                await asyncio.to_thread(self._act, name, node, action, new, owns)
+            except KubeError as exc:
+                log.warning("remediation: node %s: %s failed: %s", name, action.value, exc)
+                self.metrics.remediation.labels(action.value, "gpu_fault", "failed").inc()
+                return  # the record stays where it was: tried again next round
+            log.warning("remediation: node %s: %s", name, message)
+            self.metrics.remediation.labels(action.value, "gpu_fault", "done").inc()
+            kind = "Normal" if action in (Action.UNCORDON, Action.SELF_TEST) else "Warning"
+            await self._event(ref, _EVENT_REASON[action], message, kind)
+        if (old.phase if old else None) != (new.phase if new else None):
+            self.metrics.remediation_transitions.labels(new.phase.value if new else "healthy").inc()
+        if new is None:
+            if old is not None and old.phase is Phase.RELEASED and not args.dry_run:
+                try:  # the fault is over: drop the record we kept while standing aside
+                    await asyncio.to_thread(self._act, name, node, Action.RELEASE, None, False)
+                except KubeError as exc:
+                    log.warning("remediation: node %s: clearing the record: %s", name, exc)
+                    return
+            self.records.pop(name, None)
+            return
+        if not args.dry_run and new.phase is not Phase.SUSPECT and not actions and new != old:
+            try:
+                await asyncio.to_thread(self._write, name, new)
+            except KubeError as exc:
+                log.warning("remediation: node %s: writing the record: %s", name, exc)
+                return
+        self.records[name] = new
+
+    def _write(self, name: str, rec: Record) -> None:
+        text = orjson.dumps(rec.to_json()).decode()
+        self.kube.patch_node(name, {"metadata": {"annotations": {REMEDIATION_ANNOTATION: text}}})
+
+    def _act(
+        self, name: str, node: JsonDict, action: Action, rec: Record | None, owns: bool
+    ) -> None:
+        """One action on the node (blocking: run in a thread).
+
+        ``rec``: the record after it (None: drop it); ``owns``: whether we set
+        ``spec.unschedulable``.
+        """
+        annotation = None if rec is None else orjson.dumps(rec.to_json()).decode()
+        meta: JsonDict = {"annotations": {REMEDIATION_ANNOTATION: annotation}}
+        if action in (Action.CORDON, Action.UNCORDON, Action.RELEASE):
+            # Taints are one list: the resourceVersion makes a concurrent change a 409.
+            meta["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
+            spec: JsonDict = {
+                "taints": [
+                    t
+                    for t in (node.get("spec") or {}).get("taints") or []
+                    if t.get("key") != UNHEALTHY_TAINT
+                ]
+            }
+            if action is Action.CORDON:
+                wall = _stamp(self.state.clock.wall())
+                spec["taints"].append(
+                    {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "timeAdded": wall}
+                )
+                if owns:
+                    spec["unschedulable"] = True
+            elif action is Action.UNCORDON and owns:
+                spec["unschedulable"] = None
+            self.kube.patch_node(name, {"metadata": meta, "spec": spec})
+        else:
+            self.kube.patch_node(name, {"metadata": meta})
+        self._condition(name, rec)
+
+    def _condition(self, name: str, rec: Record | None) -> None:
+        """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows."""
+        wall = _stamp(self.state.clock.wall())
+        self.kube.set_node_condition(
+            name,
+            {
+                "type": HEALTH_CONDITION,
+                "status": "True" if rec is None else "False",
+                "reason": "GPUsHealthy" if rec is None else _CONDITION_REASON[rec.phase],
+                "message": "no GPU fault" if rec is None else f"{rec.phase.value}: {rec.reason}",
+                "lastHeartbeatTime": wall,
+                "lastTransitionTime": wall,
+            },
+        )
+
+    async def _event(self, ref: JsonDict, reason: str, message: str, kind: str) -> None:
+        """A core/v1 Event on a Node or Pod (a failure to record one is logged, not fatal)."""
+        namespace = ref.get("namespace") or "default"
+        wall = _stamp(self.state.clock.wall())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref['name']}.edgegpu-", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", **ref},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.identity,
+            "firstTimestamp": wall,
+            "lastTimestamp": wall,
+            "count": 1,
+        }
+        try:
+            await asyncio.to_thread(self.kube.create_event, namespace, event)
+        except KubeError as exc:
+            log.debug("event %s on %s: %s", reason, ref["name"], exc)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def step(self) -> list[thermal.Eviction]:
+        """One round: thermal migration, then the fault loop.
+
+        Nothing unless leading and enabled; the records are read back from the annotations
+        whenever leadership is new.
+        """
+        spec = self.state.policy.spec
+        if not spec.remediation.enabled or not self.leading():
+            self._loaded = False
+            self.records.clear()
+            self._planned.clear()
+            return []
+        due = await self.migrate()
+        await self.faults_round()
         return due
+
+    def view(self) -> list[dict[str, Any]]:
+        """``GET /debug/remediation``: every node not healthy, its history and next step."""
+        out = []
+        for name, rec in sorted(self.records.items()):
+            doc = rec.to_json()
+            doc["node"] = name
+            doc["next"] = _NEXT[rec.phase]
+            out.append(doc)
+        return out
 
     async def run(self) -> None:
         """``step`` every ``PERIOD_S``; no error ends the loop."""
@@ -88,3 +465,14 @@ class Remediator:
                 await self.step()
             except Exception:
                 log.exception("remediation round failed; carrying on")
+
+
+_NEXT = {
+    Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap allows)",
+    Phase.DRAINING: "evict the pods on the faulty GPUs, then ask for a self-test",
+    Phase.SELF_TEST: "wait for the agent's self-test verdict",
+    Phase.REBOOT_REQUESTED: "wait for the node to come back, then verify",
+    Phase.VERIFYING: "wait for the self-test after the reboot",
+    Phase.NEEDS_HUMAN: "an operator: fix the node, then kubectl uncordon it",
+    Phase.RELEASED: "nothing until the fault clears (an operator uncordoned the node)",
+}

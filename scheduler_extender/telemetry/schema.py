@@ -83,6 +83,14 @@ class GpuReport(_Model):
     ``hot_threshold_c`` (0: it is now); null when not since the agent started."""
 
 
+class SelfTestResult(_Model):
+    """The verdict of the self-test the extender asked for (``self_test.id`` of its answer)."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    verdict: Literal["pass", "fail"]
+    detail: Annotated[str, Field(max_length=1024)] = ""
+
+
 class TelemetryReport(_Model):
     """One push from one node agent: every GPU of the node."""
 
@@ -99,6 +107,9 @@ class TelemetryReport(_Model):
     hot_threshold_c: Annotated[float, Field(ge=-60, le=200)] | None = None
     """The temperature the GPUs' ``hot_s_ago`` count from: the extender's ``maxTemp`` as its
     last answer said (a cool-down survives the extender's restart through it)."""
+    self_test: SelfTestResult | None = None
+    """The last self-test the extender asked for, once it has run (repeated in every report
+    until the next request)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 

@@ -357,3 +357,52 @@ async def test_a_hint_counted_from_below_max_temp_or_older_than_the_cool_down_is
     assert (await client.post("/filter", json=args_names(pod(), ["n1"]))).json()["NodeNames"] == [
         "n1"
     ]
+
+
+async def test_a_requested_self_test_runs_once_and_its_verdict_rides_the_next_reports(tmp_path):
+    """The fault loop's requests (issue 25): a self-test and a reboot decision, each by id."""
+    clock = Clock()
+    answers = {"self_test": {"id": "t1"}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"accepted": True, "max_temp_c": 85.0, **answers})
+
+    backend = SimulatedBackend(clock=clock, gpus=2, node="n1", scenario="xid-79",
+                               scenario_after_s=0.0)  # fmt: skip
+    sentinel = tmp_path / "reboot-required"
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        agent = make_agent(clock, backend=backend, reboot_sentinel=sentinel,
+                           pusher=Pusher(["http://x"], client, clock=clock))  # fmt: skip
+        clock.t += 1.0
+        first = await agent.round()
+        assert first.report.gpus[0].health == "unhealthy" and first.report.self_test is None
+        for _ in range(20):  # the test runs in a thread
+            await asyncio.sleep(0.01)
+            if agent.self_test:
+                break
+        clock.t += 1.0
+        second = await agent.round()
+        assert second.report.self_test is not None
+        assert (second.report.self_test.id, second.report.self_test.verdict) == ("t1", "pass")
+        # A pass clears the XID record: the GPU is healthy again in the same report.
+        assert second.report.gpus[0].health == "healthy"
+        clock.t += 1.0
+        third = await agent.round()  # the same id again: not run again, the verdict stays
+        assert third.report.self_test == second.report.self_test
+        assert not sentinel.exists()
+        answers.clear()
+        answers["reboot"] = {"id": "r1"}
+        await agent.round()
+        assert sentinel.read_text() == "edgegpu remediation r1\n"
+
+
+def test_the_simulated_self_test_fails_a_lost_gpu():
+    clock = Clock()
+    backend = SimulatedBackend(clock=clock, gpus=2, node="n1", scenario="gpu-lost",
+                               scenario_after_s=0.0)  # fmt: skip
+    backend.open()
+    clock.t += 1.0
+    backend.read(1)
+    verdict = backend.self_test()
+    assert verdict["verdict"] == "fail"
+    assert [c["outcome"] for c in verdict["checks"]] == ["pass", "fail"]

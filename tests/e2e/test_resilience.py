@@ -127,36 +127,57 @@ def test_a_pod_on_a_gpu_hot_for_longer_than_migrate_after_is_evicted(
     cluster: Cluster, ns: str, say: Callable[[str], None]
 ) -> None:
     """Issue 25, thermal migration: the leader evicts the lowest-class pod of a hot GPU through
-    the Eviction API once it has been hot for longer than ``migrateAfter``."""
+    the Eviction API once it has been hot for longer than ``migrateAfter``; the next one, under
+    a PodDisruptionBudget that allows no disruption, is refused every round and never forced."""
     hot = cluster.extenders[0].get("/debug/nodes/hot-0")["gpus"][0]
     assert hot["hot"], hot
-    pod = cluster.pod("on-hot-gpu", ns, blocks=1, qos="best-effort")
-    pod["spec"]["nodeName"] = "hot-0"  # placed before it overheated, as running work is
-    pod["metadata"]["annotations"].update({
-        "edgegpu.io/gpu-index": "0", "edgegpu.io/gpu-uuid": hot["uuid"],
-        "edgegpu.io/assigned-at": "2026-12-05T00:00:00Z",
-    })  # fmt: skip
-    cluster.create(pod)
+
+    def placed(name: str, qos: str) -> None:
+        pod = cluster.pod(name, ns, blocks=1, qos=qos)
+        pod["spec"]["nodeName"] = "hot-0"  # placed before it overheated, as running work is
+        pod["metadata"]["labels"] = {"app": name}
+        pod["metadata"]["annotations"].update({
+            "edgegpu.io/gpu-index": "0", "edgegpu.io/gpu-uuid": hot["uuid"],
+            "edgegpu.io/assigned-at": "2026-12-05T00:00:00Z",
+        })  # fmt: skip
+        cluster.create(pod)
+
+    placed("on-hot-gpu", "best-effort")
+    placed("guarded", "inference")
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": {"name": "guarded", "namespace": ns},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}  # fmt: skip
+    resp = cluster.cp.request("POST", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+                              json=pdb)  # fmt: skip
+    assert resp.status_code == 201, resp.text
     started = time.monotonic()
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False},
                             "thermalThrottling": {"migrateAfter": "10s"}})  # fmt: skip
     try:
-        until("the pod evicted", lambda: cluster.get_pod(ns, "on-hot-gpu") is None, 60.0)
+        until("the best-effort pod evicted",
+              lambda: cluster.get_pod(ns, "on-hot-gpu") is None, 60.0)  # fmt: skip
         took = time.monotonic() - started
+        assert cluster.get_pod(ns, "guarded") is not None  # the lowest class went first
+        until("the guarded pod's eviction refused by its budget",
+              lambda: sum(_evictions(e, "blocked") for e in cluster.extenders) >= 1, 60.0)  # fmt: skip
+        guarded = cluster.get_pod(ns, "guarded")
+        assert guarded is not None and not guarded["metadata"].get("deletionTimestamp")
         evicted = sum(_evictions(e) for e in cluster.extenders)
         say(f"thermal migration: the best-effort pod left hot-0's GPU 0 {took:.1f} s after "
-            f"remediation was enabled; evictions counted by the replicas: {evicted:g}")  # fmt: skip
-        assert evicted >= 1
+            f"remediation was enabled; evictions counted by the replicas: {evicted:g}; the "
+            f"inference pod under a PodDisruptionBudget stayed")  # fmt: skip
+        assert evicted == 1
     finally:
         patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True},
                                 "thermalThrottling": {"migrateAfter": "2m"}})  # fmt: skip
 
 
-def _evictions(ext: Any) -> float:
+def _evictions(ext: Any, result: str = "evicted") -> float:
     text = httpx.get(f"{ext.url}/metrics", timeout=5).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith("edgegpu_extender_remediation_actions_total{")
-        and 'result="evicted"' in line
+        and 'reason="thermal"' in line
+        and f'result="{result}"' in line
     )

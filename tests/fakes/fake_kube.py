@@ -548,7 +548,20 @@ class FakeKube:
                 if "json-patch" in content_type:
                     new = json_patch(current, body)
                 else:
+                    given = (body.get("metadata") or {}).get("resourceVersion")
+                    if given and given != current["metadata"]["resourceVersion"]:
+                        raise ApiError(
+                            409, "Conflict", f"the object has been modified; rv {given} is stale"
+                        )
                     patch = body if sub != "status" else {"status": body.get("status", {})}
+                    conditions = (patch.get("status") or {}).get("conditions")
+                    if "strategic" in content_type and conditions is not None:
+                        # Conditions merge by type in a strategic merge patch.
+                        by_type = {
+                            c["type"]: c for c in current.get("status", {}).get("conditions") or []
+                        }
+                        by_type.update({c["type"]: c for c in conditions})
+                        patch = {**patch, "status": {**patch["status"], "conditions": list(by_type.values())}}  # fmt: skip
                     new = merge_patch(current, patch)
                 new["metadata"]["uid"] = current["metadata"]["uid"]
                 self._generation(current, new)

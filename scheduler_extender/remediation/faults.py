@@ -1,0 +1,242 @@
+"""The GPU fault loop, pure: one node's remediation record, advanced by what is seen now.
+
+::
+
+    healthy ─fault─▶ suspect ─lasts confirmAfter─▶ draining (cordoned) ─pods gone─▶ self-test
+       ▲               │ clears                        │ (evict the pods on the faulty GPUs)
+       └───────────────┘                               ▼
+    uncordon ◀─pass, fault gone, cool─ self-test ─fail─▶ reboot-requested ─agent back─▶ verifying
+       ▲                                   │ no verdict                     │ timeout     │ fail
+       └────────────── pass ──────────────────────────────────────────────────────────── ┤
+                                           ▼                                ▼             ▼
+                                      needs-human ◀───────────────────────────────────────┘
+
+A manual uncordon of a node we cordoned ends the workflow (``released``): we stand aside until
+the fault clears, and act again only on a new fault. No record means healthy. Times are wall
+seconds, so that a record read back from the node annotation after a restart means the same.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from scheduler_extender.policy.remediation import RemediationArgs
+
+HISTORY = 10
+"""Transitions kept in the record (and the annotation)."""
+
+
+class Phase(enum.StrEnum):
+    """Where a node is in the fault loop."""
+
+    SUSPECT = "suspect"
+    DRAINING = "draining"
+    SELF_TEST = "self-test"
+    REBOOT_REQUESTED = "reboot-requested"
+    VERIFYING = "verifying"
+    NEEDS_HUMAN = "needs-human"
+    RELEASED = "released"
+
+
+CORDONED: frozenset[Phase] = frozenset(
+    {Phase.DRAINING, Phase.SELF_TEST, Phase.REBOOT_REQUESTED, Phase.VERIFYING, Phase.NEEDS_HUMAN}
+)
+"""Phases in which the node is held cordoned by us (and counts against the cap)."""
+
+
+class Action(enum.StrEnum):
+    """What the actuator does for a transition (besides writing the record)."""
+
+    CORDON = "cordon"
+    EVICT = "evict"
+    SELF_TEST = "self-test"
+    REBOOT = "reboot"
+    UNCORDON = "uncordon"
+    RELEASE = "release"
+    """Stand aside after a manual uncordon: remove our taint, keep the record."""
+    NEEDS_HUMAN = "needs-human"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One node now, as the telemetry and the API server show it."""
+
+    faults: tuple[str, ...]
+    """Fault codes, e.g. ``gpu0:xid:79``, ``node:not-ready-silent``; empty: none."""
+    gpus: tuple[int, ...] | None
+    """The GPUs the faults are on; None: the whole node."""
+    cordoned: bool
+    """``spec.unschedulable``."""
+    pods_left: int
+    """Pods on the affected GPUs that are not leaving yet."""
+    verdict: tuple[str, str] | None = None
+    """(request id, ``pass`` | ``fail``) of the last self-test the agent reported."""
+    boot: str | None = None
+    """The agent's boot id in its last report."""
+    cooling: bool = False
+    """A GPU of the node is hot or in its thermal cool-down."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A node's place in the loop; written to the node annotation ``edgegpu.io/remediation``."""
+
+    phase: Phase
+    reason: str
+    since: float
+    """When this phase began."""
+    started: float
+    """When the fault was first seen."""
+    owner: str
+    gpus: tuple[int, ...] | None = None
+    owns_cordon: bool = True
+    """False when the node was cordoned already: then we never uncordon it."""
+    request: str = ""
+    """Id of the self-test or reboot asked of the agent."""
+    boot: str = ""
+    """The agent's boot id when the reboot was asked for."""
+    faults: tuple[str, ...] = ()
+    history: tuple[tuple[str, float, str], ...] = field(default_factory=tuple)
+
+    def to(self, phase: Phase, now: float, why: str, **changes: Any) -> Record:
+        """This record in ``phase`` from ``now``, with ``why`` in its history."""
+        history = (*self.history, (phase.value, now, why))[-HISTORY:]
+        return replace(self, phase=phase, since=now, history=history, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The annotation's JSON: state, reason, since, owner, and what a restart needs."""
+        return {
+            "state": self.phase.value,
+            "reason": self.reason,
+            "since": _stamp(self.since),
+            "owner": self.owner,
+            "started": _stamp(self.started),
+            "gpus": None if self.gpus is None else list(self.gpus),
+            "ownsCordon": self.owns_cordon,
+            "request": self.request,
+            "boot": self.boot,
+            "faults": list(self.faults),
+            "history": [{"state": s, "at": _stamp(t), "why": w} for s, t, w in self.history],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Record:
+        """A record read back from the annotation (``ValueError`` when it is not one)."""
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        try:
+            gpus = doc.get("gpus")
+            return cls(
+                phase=Phase(doc["state"]),
+                reason=str(doc.get("reason", "")),
+                since=_epoch(doc["since"]),
+                started=_epoch(doc.get("started", doc["since"])),
+                owner=str(doc.get("owner", "")),
+                gpus=None if gpus is None else tuple(int(g) for g in gpus),
+                owns_cordon=bool(doc.get("ownsCordon", True)),
+                request=str(doc.get("request", "")),
+                boot=str(doc.get("boot", "")),
+                faults=tuple(str(f) for f in doc.get("faults") or ()),
+                history=tuple(
+                    (str(h["state"]), _epoch(h["at"]), str(h.get("why", "")))
+                    for h in doc.get("history") or ()
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a remediation record: {exc}") from None
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(text: Any) -> float:
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+def _reason(faults: tuple[str, ...]) -> str:
+    return ", ".join(faults)
+
+
+def step(
+    rec: Record | None,
+    obs: Observation,
+    now: float,
+    args: RemediationArgs,
+    *,
+    owner: str,
+    room: bool,
+    new_id: Callable[[], str],
+) -> tuple[Record | None, tuple[Action, ...]]:
+    """The node's next record and the actions that take it there.
+
+    ``room``: whether the cap on cordoned nodes allows one more. Every transition looks at the
+    fault as it is now: a fault that clears while suspect ends it without a cordon; a self-test
+    that passes while the fault is still reported counts as failed.
+    """
+    faults = obs.faults
+    if rec is None:
+        if not faults:
+            return None, ()
+        first = Record(Phase.SUSPECT, _reason(faults), now, now, owner, obs.gpus, faults=faults)
+        return first.to(Phase.SUSPECT, now, f"fault reported: {_reason(faults)}"), ()
+    if rec.phase is Phase.SUSPECT:
+        if not faults:
+            return None, ()
+        rec = replace(rec, reason=_reason(faults), gpus=obs.gpus, faults=faults, owner=owner)
+        if now - rec.started < args.confirm_after_s or not room:
+            return rec, ()
+        why = f"fault lasted {now - rec.started:.0f} s: {rec.reason}"
+        acts = (Action.CORDON, Action.EVICT) if obs.pods_left else (Action.CORDON,)
+        return rec.to(Phase.DRAINING, now, why, owns_cordon=not obs.cordoned), acts
+    if rec.phase is Phase.RELEASED:
+        if not faults:
+            return None, ()
+        if set(faults) - set(rec.faults):
+            fresh = Record(Phase.SUSPECT, _reason(faults), now, now, owner, obs.gpus, faults=faults)
+            return fresh.to(Phase.SUSPECT, now, f"new fault: {_reason(faults)}"), ()
+        return rec, ()
+    # Cordoned by us from here on.
+    rec = replace(rec, owner=owner)
+    if rec.owns_cordon and not obs.cordoned:
+        return rec.to(Phase.RELEASED, now, "uncordoned by an operator"), (Action.RELEASE,)
+    if faults:
+        rec = replace(rec, reason=_reason(faults), faults=tuple(sorted({*rec.faults, *faults})))
+        if rec.gpus is not None:
+            wider = None if obs.gpus is None else tuple(sorted({*rec.gpus, *obs.gpus}))
+            rec = replace(rec, gpus=wider)
+    waited = now - rec.since
+    if rec.phase is Phase.DRAINING:
+        if obs.pods_left:
+            return rec, (Action.EVICT,)
+        return rec.to(Phase.SELF_TEST, now, "drained", request=new_id()), (Action.SELF_TEST,)
+    if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
+        if obs.verdict is not None and obs.verdict[0] == rec.request:
+            if obs.verdict[1] == "pass" and not faults:
+                if obs.cooling:
+                    return rec, ()  # uncordon after the thermal cool-down
+                return None, (Action.UNCORDON,)
+            why = "self-test failed" if obs.verdict[1] != "pass" else "fault outlived the self-test"
+            if rec.phase is Phase.SELF_TEST:
+                boot = obs.boot or ""
+                return rec.to(Phase.REBOOT_REQUESTED, now, why, request=new_id(), boot=boot), (
+                    Action.REBOOT,
+                )
+            return rec.to(Phase.NEEDS_HUMAN, now, f"{why} after the reboot"), (Action.NEEDS_HUMAN,)
+        if waited > args.self_test_timeout_s:
+            why = f"no self-test verdict in {waited:.0f} s"
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
+        return rec, ()
+    if rec.phase is Phase.REBOOT_REQUESTED:
+        if obs.boot is not None and obs.boot != rec.boot:
+            why = "agent back with a new boot"
+            return rec.to(Phase.VERIFYING, now, why, request=new_id()), (Action.SELF_TEST,)
+        if waited > args.reboot_timeout_s:
+            why = f"not back {waited:.0f} s after the reboot request"
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
+        return rec, ()
+    return rec, ()  # needs-human: until an operator uncordons it
