@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -338,6 +338,8 @@ class Agent:
                 if outcome.max_temp_c is not None:
                     self.hot_threshold_c = outcome.max_temp_c
             self._follow(outcome.asks)
+            if outcome.policy:
+                self.follow_policy(outcome.policy)
             if "ignored" in outcome.results.values():
                 # An extender holds a newer report under our boot id (a forged push, or a
                 # copy of this agent): start a new boot id, which resets its ordering.
@@ -345,7 +347,33 @@ class Agent:
                 self.boot_id, self.seq = str(uuid.uuid4()), 0
         return Round(report, actions, outcome)
 
-    # -- the extender's requests (the fault loop) ---------------------------------------------
+    # -- the extender's policy and requests ----------------------------------------------------
+    def follow_policy(self, policy: dict[str, float | bool]) -> None:
+        """Take the policy in force for local protection and power saving.
+
+        The flags are what the agent starts with (and keeps while no extender answers); a
+        policy changed in the cluster reaches every agent with its next push.
+        """
+        health_args = replace(
+            self.health_args,
+            max_temp_c=float(policy.get("max_temp_c", self.health_args.max_temp_c)),
+        )
+        p = self.power_args
+        power_args = replace(
+            p,
+            max_temp_c=float(policy.get("max_temp_c", p.max_temp_c)),
+            cool_down_s=float(policy.get("cool_down_s", p.cool_down_s)),
+            saving_enabled=bool(policy.get("power_saving", p.saving_enabled)),
+            threshold_pct=float(policy.get("power_saving_threshold_pct", p.threshold_pct)),
+        )
+        if power_args != p or health_args != self.health_args:
+            log.info(
+                "policy from the extender: maxTemp %g °C, cool-down %g s, power saving %s at "
+                "%g %%", power_args.max_temp_c, power_args.cool_down_s,
+                "on" if power_args.saving_enabled else "off", power_args.threshold_pct,
+            )  # fmt: skip
+            self.health_args, self.power_args = health_args, power_args
+
     def _follow(self, asks: dict[str, str]) -> None:
         """Start a requested self-test, or write the reboot sentinel, once per request id."""
         test = asks.get("self_test")

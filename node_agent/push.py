@@ -39,6 +39,8 @@ class _Target:
     """The extender's maxTemp, from its last answer."""
     asks: dict[str, str] = field(default_factory=dict)
     """The remediation requests of its last answer: ``self_test`` / ``reboot`` → id."""
+    policy: dict[str, float | bool] | None = None
+    """The policy its last answer said the agent's local protection should follow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,9 @@ class PushOutcome:
     """The lowest ``maxTemp`` the extenders answered with (what counts as hot)."""
     asks: dict[str, str] = field(default_factory=dict)
     """What the extenders asked this round: ``self_test`` / ``reboot`` → request id."""
+    policy: dict[str, float | bool] | None = None
+    """The policy in force as an extender answered it (``max_temp_c``, ``cool_down_s``,
+    ``power_saving``, ``power_saving_threshold_pct``; each only when valid)."""
 
 
 class Pusher:
@@ -171,6 +176,7 @@ class Pusher:
         max_temp = payload.get("max_temp_c") if isinstance(payload, dict) else None
         if isinstance(max_temp, int | float) and not isinstance(max_temp, bool):
             target.max_temp_c = float(max_temp)
+        target.policy = _policy(payload.get("policy") if isinstance(payload, dict) else None)
         target.asks = {}
         for ask in ("self_test", "reboot"):
             request = payload.get(ask) if isinstance(payload, dict) else None
@@ -194,15 +200,40 @@ class Pusher:
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
         asks: dict[str, str] = {}
+        policy = None
         for t, (result, _) in zip(targets, done, strict=True):
             if result in ("ok", "ignored"):
                 asks.update(t.asks)
+                policy = policy or t.policy
         return PushOutcome(
             {t.base: r for t, (r, _) in zip(targets, done, strict=True)},
             boost,
             min(told) if told else None,
             asks,
+            policy,
         )
+
+
+_POLICY_RANGES = {
+    "max_temp_c": (1.0, 150.0),
+    "cool_down_s": (0.0, 86_400.0),
+    "power_saving_threshold_pct": (0.0, 100.0),
+}
+
+
+def _policy(doc: object) -> dict[str, float | bool] | None:
+    """The valid fields of an answer's ``policy`` (a newer or broken extender costs nothing)."""
+    if not isinstance(doc, dict):
+        return None
+    out: dict[str, float | bool] = {}
+    for key, (low, high) in _POLICY_RANGES.items():
+        value = doc.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if low <= value <= high:
+                out[key] = float(value)
+    if isinstance(doc.get("power_saving"), bool):
+        out["power_saving"] = doc["power_saving"]
+    return out or None
 
 
 class FlappingLinkTransport(httpx.AsyncBaseTransport):

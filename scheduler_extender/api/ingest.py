@@ -84,27 +84,47 @@ async def admit(
 
 
 @functools.lru_cache(maxsize=8)
-def _usual_answer(max_temp_c: float) -> bytes:
-    return orjson.dumps({"accepted": True, "performance_gpus": [], "max_temp_c": max_temp_c})
+def _usual_answer(policy: tuple[float, float, bool, float]) -> bytes:
+    return orjson.dumps({"accepted": True, "performance_gpus": [], **_policy_fields(policy)})
+
+
+def _policy_fields(policy: tuple[float, float, bool, float]) -> dict[str, Any]:
+    max_temp_c, cool_down_s, saving, threshold_pct = policy
+    return {
+        "max_temp_c": max_temp_c,
+        "policy": {
+            "max_temp_c": max_temp_c,
+            "cool_down_s": cool_down_s,
+            "power_saving": saving,
+            "power_saving_threshold_pct": threshold_pct,
+        },
+    }
 
 
 def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
     """The (status, JSON body) for a node's report the state took (``ClusterState.ingest``).
 
     ``max_temp_c`` tells the agent from which temperature to count its GPUs' ``hot_s_ago``;
+    ``policy`` is what the agent's local protection follows (so a policy change reaches it);
     ``self_test`` / ``reboot`` (with an id) are the fault loop's requests of it.
     """
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     # GPUs holding high-QoS pods: the agent keeps them out of power saving.
     performance = ctx.state.performance_gpus(node)
-    max_temp_c = ctx.state.policy.spec.thermal_throttling.max_temp_c
+    spec = ctx.state.policy.spec
+    policy = (
+        spec.thermal_throttling.max_temp_c,
+        spec.thermal_throttling.cool_down_s,
+        spec.power_saving.enabled,
+        spec.power_saving.threshold_pct,
+    )
     asks = ctx.remediator.requests(node) if ctx.remediator is not None else {}
     if result.accepted and not performance and not result.reason and not asks:
-        return 200, _usual_answer(max_temp_c)  # the usual answer, kept ready
+        return 200, _usual_answer(policy)  # the usual answer, kept ready
     payload: dict[str, Any] = {
         "accepted": result.accepted,
         "performance_gpus": performance,
-        "max_temp_c": max_temp_c,
+        **_policy_fields(policy),
         **asks,
     }
     if result.reason:

@@ -406,3 +406,43 @@ def test_the_simulated_self_test_fails_a_lost_gpu():
     verdict = backend.self_test()
     assert verdict["verdict"] == "fail"
     assert [c["outcome"] for c in verdict["checks"]] == ["pass", "fail"]
+
+
+async def test_the_policy_in_the_answer_drives_local_protection_and_bad_values_are_ignored():
+    clock = Clock()
+    policy: dict = {"max_temp_c": 70.0, "cool_down_s": 60.0, "power_saving": False,
+                    "power_saving_threshold_pct": 40.0}  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"accepted": True, "max_temp_c": 70.0, "policy": policy})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock))
+        await agent.round()
+        p = agent.power_args
+        assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == (
+            70.0, 60.0, False, 40.0)  # fmt: skip
+        assert agent.health_args.max_temp_c == 70.0
+        policy.update(max_temp_c="hot", cool_down_s=-1, power_saving="yes")
+        await agent.round()
+        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (70.0, 60.0)
+        assert agent.power_args.saving_enabled is False
+
+
+async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_push():
+    from scheduler_extender.policy.document import parse_policy
+
+    clock = Clock()
+    app = create_app()
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        agent = make_agent(clock, pusher=Pusher(["http://extender"], client, clock=clock))
+        await agent.round()
+        assert agent.power_args.max_temp_c == 85.0
+        app.state.ctx.state.set_policy(
+            parse_policy({"spec": {"thermalThrottling": {"maxTemp": 78, "coolDownPeriod": "2m"}}})
+        )
+        clock.t += 1.0
+        await agent.round()
+        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (78.0, 120.0)
+        assert agent.hot_threshold_c == 78.0

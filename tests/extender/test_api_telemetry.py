@@ -10,7 +10,13 @@ from tests.builders import gpu, report
 async def test_a_valid_report_is_accepted_and_shown(client):
     resp = await client.post("/v1/telemetry", json=report("edge-1", [gpu(0), gpu(1)]))
     assert resp.status_code == 200
-    assert resp.json() == {"accepted": True, "performance_gpus": [], "max_temp_c": 85.0}
+    assert resp.json() == {
+        "accepted": True,
+        "performance_gpus": [],
+        "max_temp_c": 85.0,
+        "policy": {"max_temp_c": 85.0, "cool_down_s": 300.0, "power_saving": True,
+                   "power_saving_threshold_pct": 70.0},
+    }  # fmt: skip
     nodes = (await client.get("/debug/nodes")).json()["nodes"]
     assert [n["node"] for n in nodes] == ["edge-1"]
     assert [g["index"] for g in nodes[0]["gpus"]] == [0, 1]
