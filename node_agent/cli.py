@@ -25,9 +25,10 @@ from node_agent.backends.base import GpuBackend
 from node_agent.backends.simulated import SCENARIOS
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
+from node_agent.deviceplugin.plugin import BlockPlugin, DevicePluginServer
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
-from node_agent.loop import Agent
+from node_agent.loop import Agent, host_boot_id
 from node_agent.push import FlappingLinkTransport, Pusher
 from scheduler_extender import logs
 from scheduler_extender.flags import Parser, describe_settings
@@ -63,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host")
     p.add_argument("--token-file", help="ServiceAccount token file (sent as a bearer token)")
     p.add_argument("--reboot-sentinel", help="file written when the extender decides on a reboot")
+    p.add_argument("--device-plugin", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve kubelet's device plugin for edgegpu.io/gpu-mem-block")  # fmt: skip
+    p.add_argument("--kubelet-dir", help="kubelet's device-plugins folder")
+    p.add_argument("--block-mib", type=int, help="MiB per memory block (the policy's, once heard)")
     p.add_argument("--label", action="append", default=[], help="node label KEY=VALUE (repeatable)")
     p.add_argument("--max-temp-c", type=float)
     p.add_argument("--cool-down-s", type=float)
@@ -99,6 +104,7 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
         "seed", "scenario", "scenario_after_s", "load_pct", "model", "proc_root", "dev_root",
         "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root", "reboot_sentinel",
+        "device_plugin", "kubelet_dir", "block_mib",
     ):  # fmt: skip
         value = getattr(ns, key)
         if value is not None:
@@ -136,6 +142,10 @@ def _backend(settings: AgentSettings) -> GpuBackend:
     elif settings.backend == "jetson":
         options = {"root": settings.sysfs_root}
     return load_backend(settings.backend, **options)
+
+
+async def _nobody() -> None:
+    return None
 
 
 async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBackend) -> int:
@@ -182,7 +192,16 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
             power_control=settings.power_control,
             labels=settings.labels,
             reboot_sentinel=settings.reboot_sentinel,
+            block_mib=settings.block_mib,
+            host_boot_id=host_boot_id(),
         )
+        plugin_server = None
+        if settings.device_plugin and not ns.once:
+            agent.device_plugin = BlockPlugin(
+                pusher.assignments(settings.node_name) if pusher is not None else _nobody,
+                lambda: agent.block_mib,
+            )
+            plugin_server = DevicePluginServer(agent.device_plugin, settings.kubelet_dir)
         try:
             if ns.once:
                 result = await agent.round()
@@ -208,7 +227,10 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
                 ", ".join(settings.extender_urls) or "nobody",
                 " (dry run)" if settings.dry_run else "",
             )  # fmt: skip
-            await agent.run(stop)
+            tasks = [asyncio.create_task(agent.run(stop))]
+            if plugin_server is not None:
+                tasks.append(asyncio.create_task(plugin_server.run(stop)))
+            await asyncio.gather(*tasks)
             log.info("stopping")
             return 0
         finally:

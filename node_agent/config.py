@@ -39,6 +39,18 @@ class AgentSettings(BaseSettings):
     labels: dict[str, str] = Field(
         default_factory=dict, description="Node labels sent with reports."
     )
+    device_plugin: bool = Field(
+        False,
+        description="Serve kubelet's device plugin for edgegpu.io/gpu-mem-block (the container "
+        "gets the GPU chosen at bind).",
+    )
+    kubelet_dir: Path = Field(
+        Path("/var/lib/kubelet/device-plugins"),
+        description="kubelet's device-plugins folder (its kubelet.sock and our socket).",
+    )
+    block_mib: int = Field(
+        4096, gt=0, description="MiB per memory block until an extender says its policy's."
+    )
     reboot_sentinel: Path | None = Field(
         None,
         description="File written when the extender decides the node must reboot (kured's "

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from node_agent import __version__, health, power
 from node_agent.backends.base import GpuBackend
+from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks
 from node_agent.errors import NotSupported, PermissionDenied
 from node_agent.exporter import AgentMetrics
 from node_agent.model import (
@@ -37,6 +38,14 @@ DEFAULT_HOT_THRESHOLD_C = 85.0
 """The GPU temperature counted as hot until an extender says its maxTemp."""
 
 log = logging.getLogger("node_agent")
+
+
+def host_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """The host's boot id (the same inside a container), or None where there is none."""
+    try:
+        return path.read_text(encoding="ascii").strip()[:64] or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _within_contract(gpu: dict[str, Any]) -> dict[str, Any] | None:
@@ -110,6 +119,8 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         reboot_sentinel: Path | None = None,
+        block_mib: int = 4096,
+        host_boot_id: str | None = None,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -132,6 +143,12 @@ class Agent:
         self._hot_at: dict[str, float] = {}
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
         self.reboot_sentinel = reboot_sentinel
+        self.block_mib = block_mib
+        self.host_boot_id = host_boot_id
+        """MiB per memory block: the policy's, once an extender said it."""
+        self.device_plugin: BlockPlugin | None = None
+        self._blocks: dict[str, int] = {}
+        """By GPU uuid: its block count when last read (kept while the GPU is lost)."""
         self.self_test: dict[str, str] | None = None
         """The verdict of the last self-test the extender asked for: id, verdict, detail."""
         self._testing: asyncio.Task[None] | None = None
@@ -311,6 +328,7 @@ class Agent:
                 "gpus": gpus,
                 "hot_threshold_c": self.hot_threshold_c,
                 "self_test": self.self_test,
+                "host_boot_id": self.host_boot_id,
             }
         )
 
@@ -328,6 +346,8 @@ class Agent:
         healths, actions = self.decide(snap)
         self._export(snap, healths)
         report = self.build_report(snap, healths)
+        if self.device_plugin is not None:
+            await self.device_plugin.update(self._block_devices(snap, healths))
         outcome = None
         if self.pusher is not None:
             outcome = await self.pusher.push(report.to_json_bytes())
@@ -346,6 +366,17 @@ class Agent:
                 log.warning("an extender ignored our report as not newer: new boot id")
                 self.boot_id, self.seq = str(uuid.uuid4()), 0
         return Round(report, actions, outcome)
+
+    def _block_devices(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> list[GpuBlocks]:
+        """Each GPU's memory blocks for kubelet; a lost GPU keeps its blocks, unhealthy."""
+        out = []
+        for r in snap.readings:
+            if r.memory_total_mib is not None and not r.lost:
+                self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
+            h = healths.get(r.index)
+            healthy = not r.lost and (h is None or h.level != "unhealthy")
+            out.append(GpuBlocks(r.uuid, self._blocks.get(r.uuid, 0), healthy))
+        return out
 
     # -- the extender's policy and requests ----------------------------------------------------
     def follow_policy(self, policy: dict[str, float | bool]) -> None:
@@ -366,6 +397,9 @@ class Agent:
             saving_enabled=bool(policy.get("power_saving", p.saving_enabled)),
             threshold_pct=float(policy.get("power_saving_threshold_pct", p.threshold_pct)),
         )
+        block_mib = policy.get("memory_block_mib")
+        if isinstance(block_mib, float) and block_mib >= 1:
+            self.block_mib = int(block_mib)
         if power_args != p or health_args != self.health_args:
             log.info(
                 "policy from the extender: maxTemp %g °C, cool-down %g s, power saving %s at "
@@ -386,6 +420,7 @@ class Agent:
             self.request_reboot(reboot)
 
     async def _run_self_test(self, request: str) -> None:
+        started = self.clock()
         try:
             log.warning("the extender asked for a self-test (%s): running it", request)
             try:
@@ -400,9 +435,10 @@ class Agent:
             ]
             detail = "; ".join([doc.get("reason") or "", *failed]).strip("; ")[:1024]
             if verdict == "pass":
-                # The GPUs were verified: a fatal XID seen before no longer marks them.
+                # The GPUs were verified: a fatal XID seen before the test no longer marks them.
                 for mem in self._gpus.values():
-                    mem.last_fatal_xid = None
+                    if mem.last_fatal_xid is not None and mem.last_fatal_xid[1] <= started:
+                        mem.last_fatal_xid = None
             self.self_test = {"id": request, "verdict": verdict, "detail": detail}
             log.warning("self-test %s: %s %s", request, verdict, detail)
         finally:

@@ -12,13 +12,15 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from node_agent.deviceplugin.plugin import Assigned
 
 log = logging.getLogger("node_agent.push")
 
@@ -192,6 +194,48 @@ class Pusher:
         target.last_error = error
         return "failed"
 
+    def assignments(self, node: str) -> Callable[[], Awaitable[list[Assigned] | None]]:
+        """The device plugin's lookup of the node's GPU assignments.
+
+        From the first extender replica that answers; None when none does.
+        """
+
+        async def lookup() -> list[Assigned] | None:
+            headers = self._headers()
+            targets = await self._replicas() if self._resolve_all else self._targets
+            for t in targets:
+                url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/assignments"
+                extra = {"host": t.host} if t.host is not None else {}
+                try:
+                    resp = await self._client.get(url, headers={**headers, **extra})
+                except httpx.HTTPError as exc:
+                    log.warning("assignments from %s: %s", url, exc)
+                    continue
+                if resp.status_code != 200:
+                    log.warning("assignments from %s: HTTP %d %s", url, resp.status_code,
+                                resp.text[:200])  # fmt: skip
+                    continue
+                try:
+                    rows = resp.json()["assignments"]
+                    return [
+                        Assigned(
+                            str(r["uid"]),
+                            str(r["namespace"]),
+                            str(r["name"]),
+                            str(r["gpu_uuids"][0]),
+                            int(r["blocks"]),
+                            float(r["assigned_at"]),
+                            r.get("phase"),
+                        )
+                        for r in rows
+                        if r.get("gpu_uuids") and r["gpu_uuids"][0]
+                    ]
+                except (ValueError, KeyError, TypeError, IndexError) as exc:
+                    log.warning("assignments from %s: not understood: %s", url, exc)
+            return None
+
+        return lookup
+
     async def push(self, body: bytes) -> PushOutcome:
         """Send one report body to every URL that is not backing off, concurrently."""
         headers = self._headers()
@@ -215,6 +259,7 @@ class Pusher:
 
 
 _POLICY_RANGES = {
+    "memory_block_mib": (1.0, 1_048_576.0),
     "max_temp_c": (1.0, 150.0),
     "cool_down_s": (0.0, 86_400.0),
     "power_saving_threshold_pct": (0.0, 100.0),

@@ -122,6 +122,7 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
     hot_threshold_c: _Celsius | None = None
     self_test: SelfTestResult | None = None
+    host_boot_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
     def __post_init__(self) -> None:
         seen: set[int] = set()

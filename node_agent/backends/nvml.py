@@ -320,10 +320,10 @@ class NvmlBackend:
         """NvmlDeviceResetGpuLockedClocks."""
         self._set(self._nv.nvmlDeviceResetGpuLockedClocks, self._handles[index])
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
     def self_test(self) -> dict[str, Any]:
         """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
         return run_self_test(self.device_count(), probe=self._probe)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -112,6 +112,7 @@ def create_app(
             lambda: elector is None or elector.is_leader,
             nodes=lambda: sync.nodes,
             pods=lambda: sync.pods,
+            synced=lambda: sync.synced,
             identity=identity,
         )
         acting = asyncio.create_task(ctx.remediator.run())

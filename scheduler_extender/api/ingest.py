@@ -36,6 +36,41 @@ def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes]:
     return status, orjson.dumps({"error": message, **extra})
 
 
+async def authenticate(
+    ctx: AppContext, client: str | None, token: str | None
+) -> Identity | tuple[int, bytes] | None:
+    """The agent behind a request, or the (status, JSON body) refusing it.
+
+    None: a loopback caller while no agent authentication is configured.
+    """
+    if ctx.auth is None:
+        if not is_loopback(client):
+            return _error(
+                403, "no agent authentication is configured: only loopback clients may push"
+            )
+        ctx.warn_once(
+            "no-auth", "telemetry: no agent authentication configured; loopback pushes only"
+        )
+        return None
+    if token is None:
+        return _error(401, "a bearer token is required (the agent's ServiceAccount token)")
+    try:
+        return await ctx.auth.authenticate(token)
+    except AuthError as exc:
+        return _error(exc.status, str(exc))
+
+
+def authorize(ctx: AppContext, identity: Identity | None, node: str) -> tuple[int, bytes] | None:
+    """None when the identity may act for ``node``, else the (status, JSON body) refusing it."""
+    if ctx.auth is None or identity is None:
+        return None
+    try:
+        ctx.auth.authorize(identity, node)
+    except AuthError as exc:
+        return _error(exc.status, str(exc))
+    return None
+
+
 async def admit(
     ctx: AppContext,
     body: bytes | None,
@@ -47,25 +82,11 @@ async def admit(
     ``body`` None means it was over the size cap.
     """
     metrics = ctx.metrics.telemetry
-    identity: Identity | None = None
-    if ctx.auth is None:
-        if not is_loopback(client):
-            metrics.labels("unauthorized").inc()
-            return _error(
-                403, "no agent authentication is configured: only loopback clients may push"
-            )
-        ctx.warn_once(
-            "no-auth", "telemetry: no agent authentication configured; loopback pushes only"
-        )
-    else:
-        if token is None:
-            metrics.labels("unauthorized").inc()
-            return _error(401, "a bearer token is required (the agent's ServiceAccount token)")
-        try:
-            identity = await ctx.auth.authenticate(token)
-        except AuthError as exc:
-            metrics.labels("unauthorized" if exc.status == 401 else "forbidden").inc()
-            return _error(exc.status, str(exc))
+    identity = await authenticate(ctx, client, token)
+    if isinstance(identity, tuple):
+        forbidden = identity[0] == 403 and ctx.auth is not None
+        metrics.labels("forbidden" if forbidden else "unauthorized").inc()
+        return identity
     if body is None:
         metrics.labels("too_large").inc()
         return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
@@ -74,22 +95,20 @@ async def admit(
     except ReportError as exc:
         metrics.labels("invalid").inc()
         return _error(422, str(exc), problems=exc.problems)
-    if ctx.auth is not None and identity is not None:
-        try:
-            ctx.auth.authorize(identity, push.digest.node)
-        except AuthError as exc:
-            metrics.labels("forbidden").inc()
-            return _error(exc.status, str(exc))
+    refused = authorize(ctx, identity, push.digest.node)
+    if refused is not None:
+        metrics.labels("forbidden").inc()
+        return refused
     return push
 
 
 @functools.lru_cache(maxsize=8)
-def _usual_answer(policy: tuple[float, float, bool, float]) -> bytes:
+def _usual_answer(policy: tuple[float, float, bool, float, int]) -> bytes:
     return orjson.dumps({"accepted": True, "performance_gpus": [], **_policy_fields(policy)})
 
 
-def _policy_fields(policy: tuple[float, float, bool, float]) -> dict[str, Any]:
-    max_temp_c, cool_down_s, saving, threshold_pct = policy
+def _policy_fields(policy: tuple[float, float, bool, float, int]) -> dict[str, Any]:
+    max_temp_c, cool_down_s, saving, threshold_pct, block_mib = policy
     return {
         "max_temp_c": max_temp_c,
         "policy": {
@@ -97,6 +116,7 @@ def _policy_fields(policy: tuple[float, float, bool, float]) -> dict[str, Any]:
             "cool_down_s": cool_down_s,
             "power_saving": saving,
             "power_saving_threshold_pct": threshold_pct,
+            "memory_block_mib": block_mib,
         },
     }
 
@@ -117,6 +137,7 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
         spec.thermal_throttling.cool_down_s,
         spec.power_saving.enabled,
         spec.power_saving.threshold_pct,
+        spec.memory.block_mib,
     )
     asks = ctx.remediator.requests(node) if ctx.remediator is not None else {}
     if result.accepted and not performance and not result.reason and not asks:
@@ -143,3 +164,38 @@ async def push(
     if not isinstance(checked, Received):
         return checked
     return answer(ctx, checked.digest.node, ctx.state.ingest(checked))
+
+
+async def assignments(
+    ctx: AppContext, node: str, client: str | None, token: str | None
+) -> tuple[int, bytes]:
+    """``GET /v1/nodes/{node}/assignments`` → (status, JSON body).
+
+    The GPU assignments of the pods on ``node``, for that node's agent only: its device plugin
+    gives each container the GPU chosen at bind.
+    """
+    identity = await authenticate(ctx, client, token)
+    if isinstance(identity, tuple):
+        return identity
+    refused = authorize(ctx, identity, node)
+    if refused is not None:
+        return refused
+    pods = ctx.sync.pods if ctx.sync is not None else {}
+    rows = []
+    for a in ctx.state.allocations.on_node(node):
+        pod = pods.get((a.namespace, a.name)) or {}
+        rows.append(
+            {
+                "namespace": a.namespace,
+                "name": a.name,
+                "uid": a.pod_uid,
+                "gpu_indices": list(a.gpu_indices),
+                "gpu_uuids": list(a.gpu_uuids),
+                "blocks": a.mem_blocks,
+                "whole": a.whole,
+                "assigned_at": a.assigned_at,
+                "phase": (pod.get("status") or {}).get("phase"),
+            }
+        )
+    block_mib = ctx.state.policy.spec.memory.block_mib
+    return 200, orjson.dumps({"node": node, "block_mib": block_mib, "assignments": rows})

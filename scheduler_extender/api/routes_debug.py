@@ -12,12 +12,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scheduler_extender.api import verbs
+from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy import memory
-from scheduler_extender.serving import declared_length, read_body
+from scheduler_extender.serving import bearer, declared_length, read_body
 from scheduler_extender.state.cluster import ClusterState
 
 
@@ -195,6 +195,26 @@ async def debug_remediation(request: Request) -> JSONResponse:
     return JSONResponse(
         {"enabled": args.enabled, "dryRun": args.dry_run, "leader": ctx.leader, "nodes": nodes}
     )
+
+
+@router.get(
+    "/v1/nodes/{node}/assignments",
+    tags=["telemetry"],
+    summary="The GPU assignments on a node",
+    responses={
+        401: {"description": "no bearer token, or one the API server does not know"},
+        403: {"description": "a token for another node, or not loopback without agent auth"},
+    },
+)
+async def node_assignments(node: str, request: Request) -> Response:
+    """Which pod holds which GPU and how many blocks on ``node``.
+
+    For that node's agent (its device plugin), authenticated as a telemetry push is.
+    """
+    ctx = get_ctx(request)
+    client = request.client.host if request.client is not None else None
+    status, body = await ingest.assignments(ctx, node, client, bearer(request.scope["headers"]))
+    return Response(body, status, media_type="application/json")
 
 
 @router.get("/healthz", tags=["ops"])

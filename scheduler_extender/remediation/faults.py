@@ -11,9 +11,10 @@
                                            ▼                                ▼             ▼
                                       needs-human ◀───────────────────────────────────────┘
 
-A manual uncordon of a node we cordoned ends the workflow (``released``): we stand aside until
-the fault clears, and act again only on a new fault. No record means healthy. Times are wall
-seconds, so that a record read back from the node annotation after a restart means the same.
+A manual uncordon during the workflow ends it (``released``): we stand aside until the fault
+clears, and act again only on a fault somewhere new (another GPU, or the node). No record means
+healthy. Times are wall seconds, so that a record read back from the node annotation after a
+restart means the same.
 """
 
 from __future__ import annotations
@@ -162,6 +163,11 @@ def _reason(faults: tuple[str, ...]) -> str:
     return ", ".join(faults)
 
 
+def _where(faults: tuple[str, ...]) -> set[str]:
+    """What the faults are on: ``gpu0``, ``node``... (a new reason on the same GPU is not new)."""
+    return {f.split(":", 1)[0] for f in faults}
+
+
 def step(
     rec: Record | None,
     obs: Observation,
@@ -196,13 +202,13 @@ def step(
     if rec.phase is Phase.RELEASED:
         if not faults:
             return None, ()
-        if set(faults) - set(rec.faults):
+        if _where(faults) - _where(rec.faults):
             fresh = Record(Phase.SUSPECT, _reason(faults), now, now, owner, obs.gpus, faults=faults)
             return fresh.to(Phase.SUSPECT, now, f"new fault: {_reason(faults)}"), ()
         return rec, ()
-    # Cordoned by us from here on.
+    # Cordoned from here on (by us, or by someone before us): an uncordon is an operator's.
     rec = replace(rec, owner=owner)
-    if rec.owns_cordon and not obs.cordoned:
+    if not obs.cordoned:
         return rec.to(Phase.RELEASED, now, "uncordoned by an operator"), (Action.RELEASE,)
     if faults:
         rec = replace(rec, reason=_reason(faults), faults=tuple(sorted({*rec.faults, *faults})))

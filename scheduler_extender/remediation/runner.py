@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.names import (
     HEALTH_CONDITION,
+    MANAGED_RESOURCES,
     REMEDIATION_ANNOTATION,
     REMEDIATION_OPT_OUT,
     UNHEALTHY_TAINT,
@@ -79,6 +79,7 @@ class Remediator:
         *,
         nodes: Callable[[], Mapping[str, JsonDict]] = dict,
         pods: Callable[[], Mapping[tuple[str, str], JsonDict]] = dict,
+        synced: Callable[[], bool] = lambda: True,
         identity: str = COMPONENT,
     ) -> None:
         self.state = state
@@ -89,8 +90,13 @@ class Remediator:
         """The Node objects the watch holds, by name."""
         self.pods = pods
         """The Pod objects the watch holds, by (namespace, name)."""
+        self.synced = synced
+        """Whether the watches have listed everything once (records are read back only then)."""
         self.identity = identity
         self._last: dict[thermal.GpuKey, float] = {}
+        self._dry_run: bool | None = None
+        self._blocked: dict[tuple[str, str], tuple[int, float]] = {}
+        """Pods a PodDisruptionBudget kept: (refusals in a row, when to try again)."""
         self.records: dict[str, Record] = {}
         """The fault loop's records, while leading (read back from the annotations first)."""
         self._loaded = False
@@ -106,9 +112,16 @@ class Remediator:
             return {}
         if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
             return {"self_test": {"id": rec.request}}
-        if rec.phase is Phase.REBOOT_REQUESTED:
-            return {"reboot": {"id": rec.request}}
+        if rec.phase is Phase.REBOOT_REQUESTED and self._boot(node) == rec.boot:
+            return {"reboot": {"id": rec.request}}  # not again once the node is back
         return {}
+
+    def _boot(self, node: str) -> str | None:
+        """The node's boot as its agent reports it: the host's, else the agent's own."""
+        store = self.state.store.get(node)
+        if store is None:
+            return None
+        return store.report.host_boot_id or store.digest.boot_id
 
     # -- thermal migration ---------------------------------------------------------------------
     def hot_gpus(self) -> list[thermal.HotGpu]:
@@ -141,11 +154,16 @@ class Remediator:
     async def _evict(self, pod: Assignment, why: str, message: str, args: RemediationArgs) -> bool:
         """Evict one pod (or, in a dry run, say so); False when it should be tried again."""
         name = f"{pod.namespace}/{pod.name}"
+        ref = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.pod_uid}
         if args.dry_run:
             log.warning("remediation (dry run): would evict %s: %s", name, message)
             self.metrics.remediation.labels("evict", why, "dry_run").inc()
+            await self._event(ref, "DryRunEdgeGPUEvicted", message, "Warning")
             return True
-        now = time.monotonic()
+        now = self.state.clock.monotonic()
+        refusals, retry_at = self._blocked.get(_pod_key(pod), (0, 0.0))
+        if now < retry_at:
+            return False
         while self._evictions and now - self._evictions[0] > 60.0:
             self._evictions.popleft()
         if len(self._evictions) >= args.evictions_per_minute:
@@ -157,16 +175,14 @@ class Remediator:
             result = {404: "gone", 429: "blocked"}.get(exc.status, "failed")
             log.warning("remediation: evicting %s: %s (%s)", name, exc, result)
             self.metrics.remediation.labels("evict", why, result).inc()
+            if result != "gone":  # a budget or an error: back off, up to a minute
+                self._blocked[_pod_key(pod)] = (refusals + 1, now + min(60.0, 2.0**refusals))
             return result == "gone"
+        self._blocked.pop(_pod_key(pod), None)
         self._evictions.append(now)
         log.warning("remediation: evicted %s: %s", name, message)
         self.metrics.remediation.labels("evict", why, "evicted").inc()
-        await self._event(
-            {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.pod_uid},
-            "EdgeGPUEvicted",
-            message,
-            "Warning",
-        )
+        await self._event(ref, "EdgeGPUEvicted", message, "Warning")
         return True
 
     # -- the fault loop ------------------------------------------------------------------------
@@ -183,14 +199,15 @@ class Remediator:
             report = store.report
             for g in report.gpus:
                 if g.health == "unhealthy":
-                    faults += [f"gpu{g.index}:{r}" for r in g.health_reasons or ("unhealthy",)]
+                    reasons = [r for r in g.health_reasons if r not in DEGRADED_REASONS]
+                    faults += [f"gpu{g.index}:{r}" for r in reasons or ("unhealthy",)]
                     assert gpus is not None
                     gpus.add(g.index)
             age = self.state.clock.monotonic() - store.received_at
             silent = age > spec.stale_telemetry.stale_after_s(report.interval_s)
             if report.self_test is not None:
                 verdict = (report.self_test.id, report.self_test.verdict)
-            boot = store.digest.boot_id
+            boot = self._boot(name)
             now = self.state.clock.monotonic()
             cool_down = spec.thermal_throttling.cool_down_s
             cooling = any(
@@ -248,11 +265,16 @@ class Remediator:
     async def faults_round(self) -> None:
         """One round of the fault loop over every GPU node."""
         args = self.state.policy.spec.remediation
+        if not self.synced():
+            return  # the records must be read back from a full list of the nodes
+        if args.dry_run != self._dry_run:
+            self._dry_run, self._loaded = args.dry_run, False  # a dry run's plan is not real
+            self._planned.clear()
         if not self._loaded:
             self._load()
         nodes = self.nodes()
         wall = self.state.clock.wall()
-        names = sorted(set(self.state.store.nodes()) | set(self.records))
+        names = sorted(set(self.state.store.nodes()) | set(self.records) | _gpu_nodes(nodes))
         cap = args.cordon_cap(len(names))
         for name in names:
             node = nodes.get(name)
@@ -271,8 +293,9 @@ class Remediator:
                     obs = replace(obs, cordoned=True, pods_left=len(todo))
                 elif rec.owns_cordon and not obs.cordoned:
                     obs = replace(obs, cordoned=await self._cordoned_now(name))
-                if rec.gpus != obs.gpus:
-                    obs = replace(obs, pods_left=len(self._affected(name, rec.gpus)))
+                if rec.gpus != obs.gpus:  # evict from every GPU that faulted since
+                    wider = _union(rec.gpus, obs.gpus)
+                    obs = replace(obs, pods_left=len(self._affected(name, wider)))
             held = sum(1 for r in self.records.values() if r.phase in CORDONED)
             new, actions = step(
                 rec, obs, wall, args, owner=self.identity, room=held < cap,
@@ -345,7 +368,8 @@ class Remediator:
                     return
             self.records.pop(name, None)
             return
-        if not args.dry_run and new.phase is not Phase.SUSPECT and not actions and new != old:
+        wrote = any(a is not Action.EVICT for a in actions)
+        if not args.dry_run and new.phase is not Phase.SUSPECT and not wrote and new != old:
             try:
                 await asyncio.to_thread(self._write, name, new)
             except KubeError as exc:
@@ -392,19 +416,27 @@ class Remediator:
         self._condition(name, rec)
 
     def _condition(self, name: str, rec: Record | None) -> None:
-        """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows."""
+        """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows.
+
+        Best effort: the node's annotation, written first, is what the loop goes by.
+        """
         wall = _stamp(self.state.clock.wall())
-        self.kube.set_node_condition(
-            name,
-            {
-                "type": HEALTH_CONDITION,
-                "status": "True" if rec is None else "False",
-                "reason": "GPUsHealthy" if rec is None else _CONDITION_REASON[rec.phase],
-                "message": "no GPU fault" if rec is None else f"{rec.phase.value}: {rec.reason}",
-                "lastHeartbeatTime": wall,
-                "lastTransitionTime": wall,
-            },
-        )
+        try:
+            self.kube.set_node_condition(
+                name,
+                {
+                    "type": HEALTH_CONDITION,
+                    "status": "True" if rec is None else "False",
+                    "reason": "GPUsHealthy" if rec is None else _CONDITION_REASON[rec.phase],
+                    "message": "no GPU fault"
+                    if rec is None
+                    else f"{rec.phase.value}: {rec.reason}",
+                    "lastHeartbeatTime": wall,
+                    "lastTransitionTime": wall,
+                },
+            )
+        except KubeError as exc:
+            log.warning("node %s: condition %s not written: %s", name, HEALTH_CONDITION, exc)
 
     async def _event(self, ref: JsonDict, reason: str, message: str, kind: str) -> None:
         """A core/v1 Event on a Node or Pod (a failure to record one is logged, not fatal)."""
@@ -465,6 +497,24 @@ class Remediator:
                 await self.step()
             except Exception:
                 log.exception("remediation round failed; carrying on")
+
+
+DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
+"""Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
+
+
+def _gpu_nodes(nodes: Mapping[str, JsonDict]) -> set[str]:
+    """Nodes that advertise GPUs (a node silent since before our start is still seen)."""
+    out = set()
+    for name, node in nodes.items():
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        if any(str(allocatable.get(r, "0")) not in ("0", "") for r in MANAGED_RESOURCES):
+            out.add(name)
+    return out
+
+
+def _union(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    return None if a is None or b is None else tuple(sorted({*a, *b}))
 
 
 _NEXT = {

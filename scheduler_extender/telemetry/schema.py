@@ -110,6 +110,9 @@ class TelemetryReport(_Model):
     self_test: SelfTestResult | None = None
     """The last self-test the extender asked for, once it has run (repeated in every report
     until the next request)."""
+    host_boot_id: Annotated[str, Field(max_length=64)] | None = None
+    """The host's boot id (``/proc/sys/kernel/random/boot_id``): a new one means the node
+    rebooted, where a new ``agent.boot_id`` means only that the agent restarted."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 

@@ -6,6 +6,11 @@
 * A pod bound to one of its nodes becomes Running (with a pod IP and ready containers).
 * A pod being deleted on one of its nodes is removed once its grace period has passed
   (kubelet's final delete with grace period 0).
+* On a node given a device manager (``attach_device_manager``: kubelet's side of the device
+  plugin API, built on kubelet's own Go package), plugins register there, their devices become
+  the node's capacity and allocatable, and a pod asking for them is admitted only once the
+  plugin has allocated them (the container's environment is kept in ``envs``); a failed
+  allocation fails the pod with ``UnexpectedAdmissionError``, as kubelet does.
 
 It runs no containers: nothing else happens on the node.
 """
@@ -14,14 +19,16 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.e2e.controlplane import ControlPlane
+from tests.e2e.controlplane import ControlPlane, _die_with_parent
 
 log = logging.getLogger("e2e.kubelet")
 
@@ -32,6 +39,77 @@ def _now() -> str:
 
 def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class DeviceManager:
+    """``controlplane kubelet-device-manager`` for one node: JSON lines in and out."""
+
+    def __init__(self, cp: ControlPlane, folder: Path, on_devices: Any) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._on_devices = on_devices
+        self._log = (cp.folder / f"device-manager-{folder.name}.log").open("a")
+        self.popen = subprocess.Popen(
+            [cp.binary("controlplane"), "kubelet-device-manager", f"--dir={folder}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True, name="device-manager")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            event = json.loads(line)
+            self._log.write(line)
+            self._log.flush()
+            with self._cond:
+                self.events.append(event)
+                self._cond.notify_all()
+            if event.get("event") == "devices":
+                self._on_devices(event)
+
+    def _send(self, command: dict[str, Any]) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(json.dumps(command) + "\n")
+        self.popen.stdin.flush()
+
+    def wait(self, check: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The first event ``check`` accepts (waiting for it)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for event in self.events:
+                    if check(event):
+                        return event
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no such device manager event; got {self.events[-5:]}")
+                self._cond.wait(left)
+
+    def allocate(self, resource: str, size: int, pod: str) -> dict[str, Any]:
+        """kubelet's admission of a pod asking ``size`` devices: its allocation, or an error."""
+        self._send({"allocate": {"resource": resource, "size": size, "pod": pod}})
+        return self.wait(lambda e: e.get("pod") == pod and e["event"] in ("allocated", "error"))
+
+    def restart(self) -> None:
+        """What a kubelet restart does to the device plugins' folder."""
+        self._send({"restart": True})
+
+    def stop(self) -> None:
+        """End it."""
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self.popen.stdin.close()  # it ends at the end of its input
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._reader.join(timeout=5)
+        self.popen.stdout.close()
+        self._log.close()
 
 
 class FakeKubelet:
@@ -48,6 +126,9 @@ class FakeKubelet:
         self._deleting: set[str] = set()
         self._ips = 0
         self.started_pods = 0
+        self.device_managers: dict[str, DeviceManager] = {}
+        self.envs: dict[tuple[str, str], dict[str, str]] = {}
+        """(namespace, pod) → the environment device plugins gave its container."""
 
     # -- nodes ------------------------------------------------------------------------------------
     def add_node(
@@ -161,6 +242,43 @@ class FakeKubelet:
                 except httpx.HTTPError as exc:
                     log.warning("lease of %s: %s", node, exc)
 
+    def attach_device_manager(self, node: str, folder: Path) -> DeviceManager:
+        """Give a node kubelet's device manager, on ``folder`` (its device-plugins folder)."""
+
+        def advertise(event: dict[str, Any]) -> None:
+            devices = event.get("devices") or []
+            healthy = sum(1 for d in devices if d["health"] == "Healthy")
+            resource = event["resource"]
+            with self.cp.client() as c:
+                self._patch(c, f"/api/v1/nodes/{node}/status", {"status": {
+                    "capacity": {resource: str(len(devices))},
+                    "allocatable": {resource: str(healthy)}}})  # fmt: skip
+
+        manager = DeviceManager(self.cp, folder, advertise)
+        self.device_managers[node] = manager
+        return manager
+
+    def _admit(self, node: str, pod: dict[str, Any]) -> str | None:
+        """Allocate the device-plugin resources a pod's containers ask for; the error if any."""
+        manager = self.device_managers.get(node)
+        if manager is None:
+            return None
+        meta = pod["metadata"]
+        for container in pod["spec"].get("containers") or []:
+            limits = (container.get("resources") or {}).get("limits") or {}
+            for resource, amount in limits.items():
+                if "/" not in resource or resource.startswith(("nvidia.com/", "kubernetes.io/")):
+                    continue  # not a device plugin's resource on this node
+                result = manager.allocate(
+                    resource, int(amount), f"{meta['namespace']}/{meta['name']}"
+                )
+                if result["event"] == "error":
+                    return str(result["error"])
+                self.envs.setdefault((meta["namespace"], meta["name"]), {}).update(
+                    result.get("envs") or {}
+                )
+        return None
+
     # -- pods -------------------------------------------------------------------------------------
     def _pods(self) -> None:
         rv = ""
@@ -213,6 +331,12 @@ class FakeKubelet:
             return
         status = pod.get("status") or {}
         if status.get("phase") not in (None, "Pending"):
+            return
+        refused = self._admit(node, pod)
+        if refused is not None:
+            self._patch(c, f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {
+                "phase": "Failed", "reason": "UnexpectedAdmissionError",
+                "message": f"Allocate failed: {refused}"}})  # fmt: skip
             return
         self._ips += 1
         ip = f"10.244.{self._ips // 250}.{self._ips % 250 + 1}"
@@ -271,7 +395,9 @@ class FakeKubelet:
             self._threads.append(t)
 
     def stop(self) -> None:
-        """Stop both loops."""
+        """Stop both loops and every device manager."""
+        for manager in self.device_managers.values():
+            manager.stop()
         self._stop.set()
         for t in self._threads:
             t.join(timeout=2.0)

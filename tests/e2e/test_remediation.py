@@ -17,6 +17,7 @@ import pytest
 from tests.e2e.conftest import Cluster, until
 from tests.e2e.edgegpu import Agent
 from tests.e2e.test_policy_and_auth import patch_policy
+from tests.e2e.test_resilience import lease_holder
 
 POOL = {"edgegpu.io/e2e-pool": "fault-loop"}
 
@@ -115,6 +116,7 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
     _start(cluster, pool, "fault-0", "xid-79")  # the agent restarts, and GPU 0 raises XID 79
     t0 = time.monotonic()
     marks: dict[str, float] = {}
+    owners: list[Any] = []
 
     def mark(what: str, done: bool) -> bool:
         if done and what not in marks:
@@ -126,6 +128,13 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
         mark("a", gpu["health"] == "unhealthy")
         node = cluster.cp.get("/api/v1/nodes/fault-0") or {}
         mark("b", bool(node.get("spec", {}).get("unschedulable")))
+        note = (node.get("metadata", {}).get("annotations") or {}).get("edgegpu.io/remediation")
+        if note and not owners:
+            owners.append(json.loads(note)["owner"])
+            owners.append(lease_holder(cluster))
+            owners.append(
+                [e.name for e in cluster.extenders if e.get("/debug/remediation")["nodes"]]
+            )
         pods = _pods(cluster, ns)
         left = [p for p in pods if p["metadata"]["name"] in first
                 and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
@@ -152,9 +161,12 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
         f"{marks['d']:.1f}, (e) uncordoned after a passing self-test {marks['e']:.1f}"
     )
     assert condition["status"] == "True", condition
+    owner, holder, acting = owners  # only the Lease holder acted, and only it shows the node
+    assert owner == holder and acting == [holder], owners
     assert {"EdgeGPUCordoned", "EdgeGPUSelfTestRequested", "EdgeGPUUncordoned"} <= reasons, reasons
     assert not [
         t for t in node["spec"].get("taints") or [] if t["key"] == "edgegpu.io/gpu-unhealthy"
     ]
-    assert marks["b"] <= 10.0 + 5.0, json.dumps(marks)  # ≤ 10 s, with the agent's start-up
-    assert marks["c"] <= 30.0 and marks["d"] <= 60.0, json.dumps(marks)
+    # The targets, from the fault report: cordon ≤ 10 s, evicted ≤ 30 s, replaced ≤ 60 s.
+    assert marks["b"] - marks["a"] <= 10.0, json.dumps(marks)
+    assert marks["c"] - marks["a"] <= 30.0 and marks["d"] - marks["a"] <= 60.0, json.dumps(marks)

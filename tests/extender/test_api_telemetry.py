@@ -15,7 +15,7 @@ async def test_a_valid_report_is_accepted_and_shown(client):
         "performance_gpus": [],
         "max_temp_c": 85.0,
         "policy": {"max_temp_c": 85.0, "cool_down_s": 300.0, "power_saving": True,
-                   "power_saving_threshold_pct": 70.0},
+                   "power_saving_threshold_pct": 70.0, "memory_block_mib": 4096},
     }  # fmt: skip
     nodes = (await client.get("/debug/nodes")).json()["nodes"]
     assert [n["node"] for n in nodes] == ["edge-1"]

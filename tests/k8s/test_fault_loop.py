@@ -39,7 +39,9 @@ class Cluster:
             self.live(f"n{i}")["status"]["conditions"] = list(READY)
             self.push(f"n{i}")
 
-    def push(self, node: str, *unhealthy: int, boot: str = "boot-1") -> None:
+    def push(
+        self, node: str, *unhealthy: int, boot: str = "boot-1", host: str | None = None
+    ) -> None:
         self.seq += 1
         gpus = [
             gpu(i, health="unhealthy", health_reasons=["xid:79"]) if i in unhealthy else gpu(i)
@@ -47,6 +49,7 @@ class Cluster:
         ]
         doc = report(node, gpus, seq=self.seq)
         doc["agent"]["boot_id"] = boot
+        doc["host_boot_id"] = host
         if self.self_test is not None:
             doc["self_test"] = self.self_test
         self.state.ingest(report_from(doc))
@@ -59,7 +62,9 @@ class Cluster:
             authoritative=True,
         )  # fmt: skip
 
-    def remediator(self, identity: str = "replica-a", leading: bool = True) -> Remediator:
+    def remediator(
+        self, identity: str = "replica-a", leading: bool = True, synced: Any = lambda: True
+    ) -> Remediator:
         kube = self.kube
         return Remediator(
             self.state,
@@ -68,6 +73,7 @@ class Cluster:
             lambda: leading,
             nodes=lambda: {k[2]: v for k, v in kube.objects.items() if k[0] == "nodes"},
             pods=lambda: {(k[1], k[2]): v for k, v in kube.objects.items() if k[0] == "pods"},
+            synced=synced,
             identity=identity,
         )
 
@@ -160,8 +166,10 @@ async def test_a_restart_mid_drain_resumes_without_repeating_the_cordon(
     assert c.pods() == {"held"}
     assert c.record("n0")["state"] == "draining"
     patches = [m for m, p in kube.requests_to("/api/v1/nodes/n0$")[cordons:] if m == "PATCH"]
-    assert patches == []  # nothing to write: the record is where it was
+    assert len(patches) == 1 and c.record("n0")["owner"] == "replica-b"  # the record, taken over
+    assert c.node("n0")["spec"]["unschedulable"] is True
     kube.objects[("poddisruptionbudgets", "default", "keep")]["status"]["disruptionsAllowed"] = 1
+    second._blocked.clear()  # its backoff after the refusal is over
     await second.step()
     assert c.pods() == set()
     assert len(c.events("EdgeGPUCordoned")) == 1
@@ -284,3 +292,89 @@ async def test_the_push_answer_carries_the_request_and_debug_shows_the_node(
         assert doc["enabled"] and not doc["dryRun"]
         (row,) = doc["nodes"]
         assert row["node"] == "n0" and row["state"] == "self-test" and row["next"]
+
+
+async def _to_self_test(c: Cluster, r: Remediator, host: str = "host-1") -> str:
+    c.push("n0", 0, host=host)
+    await r.step()
+    c.clock.advance(6.0)
+    c.push("n0", 0, host=host)
+    await r.step()
+    await r.step()
+    assert c.record("n0")["state"] == "self-test"
+    return str(r.requests("n0")["self_test"]["id"])
+
+
+async def test_a_failed_self_test_asks_the_booted_node_to_reboot_and_not_again_once_back(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+    request = await _to_self_test(c, r)
+    c.self_test = {"id": request, "verdict": "fail", "detail": "dcgmi diag: fail"}
+    c.push("n0", 0, host="host-1")
+    await r.step()
+    assert c.record("n0")["state"] == "reboot-requested"
+    assert "reboot" in r.requests("n0")
+    c.self_test = None
+    c.push("n0", 0, boot="boot-2", host="host-2")  # back after the reboot: its first push
+    assert r.requests("n0") == {}  # not asked to reboot again
+    await r.step()
+    assert c.record("n0")["state"] == "verifying"
+    assert set(r.requests("n0")) == {"self_test"}
+
+
+async def test_switching_dry_run_off_cordons_rather_than_releasing(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, dryRun=True)
+    r = c.remediator()
+    for _ in range(3):
+        c.push("n0", 0)
+        await r.step()
+        c.clock.advance(6.0)
+    assert r.records["n0"].phase.value == "draining"  # planned only
+    c.state.set_policy(parse_policy({"spec": {"remediation": {"enabled": True, "dryRun": False}}}))
+    for _ in range(2):
+        c.push("n0", 0)
+        await r.step()
+        c.clock.advance(6.0)
+    assert c.node("n0")["spec"].get("unschedulable") is True
+    assert c.record("n0")["state"] in ("draining", "self-test")
+
+
+async def test_nothing_is_read_back_or_done_before_the_node_watch_has_listed(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    first = c.remediator()
+    await _to_self_test(c, first)
+    listed = [False]
+    second = c.remediator("replica-b", synced=lambda: listed[0])
+    c.push("n0")  # the fault has cleared meanwhile
+    await second.step()
+    assert second.records == {} and c.record("n0")["owner"] == "replica-a"
+    listed[0] = True
+    await second.step()
+    assert second.records["n0"].phase.value == "self-test"  # resumed, not forgotten
+
+
+async def test_a_condition_that_cannot_be_written_does_not_stop_the_loop(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    from scheduler_extender.k8s.client import KubeError
+
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+
+    def refused(name: str, condition: dict[str, Any]) -> None:
+        raise KubeError(403, "nodes/status is forbidden")
+
+    r.kube.set_node_condition = refused  # type: ignore[method-assign]
+    request = await _to_self_test(c, r)
+    assert c.node("n0")["spec"]["unschedulable"] is True
+    c.self_test = {"id": request, "verdict": "pass", "detail": ""}
+    c.push("n0")
+    await r.step()
+    assert not c.node("n0")["spec"].get("unschedulable") and c.record("n0") is None
+    assert len(c.events("EdgeGPUCordoned")) == 1

@@ -93,6 +93,8 @@ async def test_a_disruption_budget_holds_and_the_eviction_is_tried_again(kube, k
     state.ingest(report_from(report("n1", [gpu(0, temperature_c=96.0)])))
     await runner.step()
     assert kube.get("pods", "be") is not None
-    assert len(await runner.step()) == 1  # blocked: asked again at the next round
+    assert len(await runner.step()) == 1  # blocked: due again, but backing off
+    clock.advance(2.0)
+    assert len(await runner.step()) == 1  # asked again after the backoff
     assert registry.get_sample_value("edgegpu_extender_remediation_actions_total",
                                      {"action": "evict", "reason": "thermal", "result": "blocked"}) == 2.0  # fmt: skip

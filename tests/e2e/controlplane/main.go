@@ -1,7 +1,8 @@
 // Command controlplane starts one component of a Kubernetes control plane, built from the
 // Kubernetes Go modules at the release go.mod pins. The component is the first argument
 // (or the name the program is called by): etcd, kube-apiserver, kube-scheduler,
-// kube-controller-manager, kubectl or version. The remaining arguments are the
+// kube-controller-manager, kubectl, version, or kubelet-device-manager (kubelet's side of the
+// device plugin API, for the e2e suite's fake kubelet). The remaining arguments are the
 // component's own flags, exactly as its upstream binary takes them.
 package main
 
@@ -40,6 +41,8 @@ var components = map[string]func(args []string) int{
 	},
 	"kubectl": runKubectl,
 	"version": runVersion,
+	// kubelet's device-plugin side, for the fake kubelet (devicemanager.go).
+	"kubelet-device-manager": runDeviceManager,
 }
 
 func runCobra(cmd *cobra.Command, args []string) int {

@@ -1,0 +1,316 @@
+"""The kubelet device plugin for ``edgegpu.io/gpu-mem-block`` (API v1beta1), served by the agent.
+
+kubelet sees one device per memory block per GPU, named ``<GPU uuid>::<k>``, so it counts the
+blocks per node and admits a pod only where they are free. The extender chose one GPU for each
+pod at bind; ``GetPreferredAllocation`` steers kubelet to blocks of that GPU (the pending pod on
+this node asking that many blocks, the oldest assigned first, as the extender's
+``/v1/nodes/{node}/assignments`` lists them), and ``Allocate`` gives the container the GPU its
+blocks are on: ``NVIDIA_VISIBLE_DEVICES`` and the memory budget. A GPU the agent finds unhealthy
+has its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when it recovers, with no
+restart. When kubelet restarts it removes every plugin socket: the server notices, starts again
+and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from node_agent.deviceplugin import api_pb2, api_pb2_grpc
+
+log = logging.getLogger("node_agent.deviceplugin")
+
+RESOURCE = "edgegpu.io/gpu-mem-block"
+SOCKET = "edgegpu-gpu-mem-block.sock"
+KUBELET_SOCKET = "kubelet.sock"
+API_VERSION = "v1beta1"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+CLAIM_TTL_S = 600.0
+"""A pod matched to an allocation is not matched again for this long (kubelet admits a pod
+once; if its allocation failed, the pod is retried after this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuBlocks:
+    """One GPU as kubelet is told of it."""
+
+    uuid: str
+    blocks: int
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """A pod the extender placed on this node, and the GPU it chose."""
+
+    uid: str
+    namespace: str
+    name: str
+    gpu_uuid: str
+    blocks: int
+    assigned_at: float
+    phase: str | None
+
+
+Lookup = Callable[[], Awaitable[list[Assigned] | None]]
+"""The GPU assignments on this node from the extender; None when no extender answered."""
+
+
+def device_id(uuid: str, k: int) -> str:
+    """The device kubelet sees for block ``k`` of a GPU."""
+    return f"{uuid}::{k}"
+
+
+def gpu_of(device: str) -> str:
+    """The GPU uuid a block device belongs to."""
+    return device.rsplit("::", 1)[0]
+
+
+def preferred(
+    available: Sequence[str], must: Sequence[str], size: int, target: str | None
+) -> list[str]:
+    """``size`` blocks, all on one GPU where possible.
+
+    The GPU of ``must`` if given, else ``target`` (the extender's choice) if it has room, else
+    the GPU that fits most tightly.
+    """
+    by_gpu: dict[str, list[str]] = {}
+    for device in available:
+        by_gpu.setdefault(gpu_of(device), []).append(device)
+    if must:
+        gpu = gpu_of(must[0])
+    elif target is not None and len(by_gpu.get(target, ())) >= size:
+        gpu = target
+    else:
+        fits = [g for g, ds in by_gpu.items() if len(ds) >= size]
+        gpu = min(fits, key=lambda g: (len(by_gpu[g]), g)) if fits else ""
+    chosen = list(dict.fromkeys([*must, *by_gpu.get(gpu, ())]))[:size]
+    for device in available:  # not enough on one GPU: kubelet will refuse or spread anyway
+        if len(chosen) >= size:
+            break
+        if device not in chosen:
+            chosen.append(device)
+    return chosen
+
+
+class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
+    """The DevicePlugin service (grpc.aio) over the agent's latest view of its GPUs."""
+
+    def __init__(
+        self,
+        lookup: Lookup,
+        block_mib: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lookup = lookup
+        self._block_mib = block_mib
+        self._clock = clock
+        self._gpus: tuple[GpuBlocks, ...] = ()
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._claimed: dict[str, float] = {}
+
+    async def update(self, gpus: Sequence[GpuBlocks]) -> None:
+        """The GPUs as the agent reads them now: ``ListAndWatch`` streams a change at once."""
+        new = tuple(gpus)
+        if new == self._gpus:
+            return
+        for old, cur in zip(self._gpus, new, strict=False):
+            if old.uuid == cur.uuid and old.healthy != cur.healthy:
+                log.warning(
+                    "gpu %s: blocks now %s", cur.uuid, HEALTHY if cur.healthy else UNHEALTHY
+                )
+        async with self._changed:
+            self._gpus, self._version = new, self._version + 1
+            self._changed.notify_all()
+
+    def devices(self) -> list[api_pb2.Device]:
+        """Every block of every GPU, with its GPU's health."""
+        return [
+            api_pb2.Device(ID=device_id(g.uuid, k), health=HEALTHY if g.healthy else UNHEALTHY)
+            for g in self._gpus
+            for k in range(g.blocks)
+        ]
+
+    # -- the service ------------------------------------------------------------------------
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Any
+    ) -> api_pb2.DevicePluginOptions:
+        """Preferred allocation on (the GPU chosen at bind), no pre-start hook."""
+        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: Any
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        """The devices now, then again on every change, until kubelet hangs up."""
+        seen = [-1]
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._version != seen[0])
+                seen[0] = self._version
+            yield api_pb2.ListAndWatchResponse(devices=self.devices())
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: Any
+    ) -> api_pb2.PreferredAllocationResponse:
+        """Blocks on the GPU the extender chose for the pod being admitted."""
+        assigned = await self._safe_lookup()
+        out = []
+        for req in request.container_requests:
+            target = self._claim(assigned, req.allocation_size)
+            ids = preferred(
+                req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size, target
+            )
+            out.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=out)
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: Any
+    ) -> api_pb2.AllocateResponse:
+        """The container gets the GPU its blocks are on, and its memory budget."""
+        out = []
+        for req in request.container_requests:
+            gpus = sorted({gpu_of(d) for d in req.devices_ids})
+            if len(gpus) != 1:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"memory blocks must be on one GPU; these are on {len(gpus)}: {gpus}",
+                )
+            budget = len(req.devices_ids) * self._block_mib()
+            envs = {
+                "NVIDIA_VISIBLE_DEVICES": gpus[0],
+                "EDGEGPU_GPU_UUID": gpus[0],
+                "EDGEGPU_MEM_LIMIT_MIB": str(budget),
+            }
+            log.info("allocate: %d blocks of %s (%d MiB)", len(req.devices_ids), gpus[0], budget)
+            out.append(api_pb2.ContainerAllocateResponse(envs=envs))
+        return api_pb2.AllocateResponse(container_responses=out)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: Any
+    ) -> api_pb2.PreStartContainerResponse:
+        """Nothing to do before a container starts."""
+        return api_pb2.PreStartContainerResponse()
+
+    # -- matching a request to the pod ------------------------------------------------------
+    async def _safe_lookup(self) -> list[Assigned]:
+        try:
+            found = await self._lookup()
+        except Exception as exc:
+            log.warning("assignments lookup failed: %s", exc)
+            return []
+        if found is None:
+            log.warning("no extender answered: blocks are chosen without the bind's choice")
+        return found or []
+
+    def _claim(self, assigned: list[Assigned], size: int) -> str | None:
+        """The GPU of the oldest pending pod asking ``size`` blocks not matched yet."""
+        now = self._clock()
+        self._claimed = {u: t for u, t in self._claimed.items() if now - t < CLAIM_TTL_S}
+        pending = [
+            a
+            for a in assigned
+            if a.blocks == size and a.phase in (None, "Pending") and a.uid not in self._claimed
+        ]
+        if not pending:
+            return None
+        pod = min(pending, key=lambda a: (a.assigned_at, a.uid))
+        self._claimed[pod.uid] = now
+        log.info("preferred allocation for %s/%s: %s", pod.namespace, pod.name, pod.gpu_uuid)
+        return pod.gpu_uuid
+
+
+class DevicePluginServer:
+    """Serves a plugin on its socket in kubelet's device-plugins folder and registers it.
+
+    Starts again and registers again whenever its socket disappears or kubelet's socket is
+    replaced (a kubelet restart removes every plugin socket).
+    """
+
+    def __init__(
+        self,
+        plugin: BlockPlugin,
+        folder: Path,
+        *,
+        resource: str = RESOURCE,
+        socket: str = SOCKET,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.plugin = plugin
+        self.folder = folder
+        self.resource = resource
+        self.socket = socket
+        self.poll_s = poll_s
+        self.registrations = 0
+
+    @property
+    def path(self) -> Path:
+        """The plugin's socket."""
+        return self.folder / self.socket
+
+    def _kubelet_id(self) -> tuple[int, int] | None:
+        try:
+            st = (self.folder / KUBELET_SOCKET).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    async def _register(self) -> None:
+        target = f"unix://{self.folder / KUBELET_SOCKET}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Register(
+                api_pb2.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.socket,
+                    resource_name=self.resource,
+                    options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=10.0,
+            )
+        self.registrations += 1
+        log.info("registered %s with kubelet (%s)", self.resource, self.path)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve and stay registered until ``stop``; no error ends it."""
+        warned = False
+        while not stop.is_set():
+            kubelet = self._kubelet_id()
+            if kubelet is None:
+                if not warned:
+                    log.warning("no kubelet socket in %s yet: waiting", self.folder)
+                    warned = True
+                await _sleep(stop, self.poll_s)
+                continue
+            warned = False
+            server = grpc.aio.server()
+            api_pb2_grpc.add_DevicePluginServicer_to_server(self.plugin, server)  # type: ignore[no-untyped-call]
+            self.path.unlink(missing_ok=True)
+            server.add_insecure_port(f"unix://{self.path}")
+            await server.start()
+            try:
+                await self._register()
+                while not stop.is_set() and self.path.exists() and self._kubelet_id() == kubelet:
+                    await _sleep(stop, self.poll_s)
+                if not stop.is_set():
+                    log.warning("kubelet restarted (or our socket was removed): registering again")
+            except grpc.aio.AioRpcError as exc:
+                log.warning("registering with kubelet failed: %s; retrying", exc.details())
+                await _sleep(stop, self.poll_s)
+            finally:
+                await server.stop(grace=0.5)
+        self.path.unlink(missing_ok=True)
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

@@ -1,0 +1,220 @@
+"""The agent's kubelet device plugin over real gRPC on unix sockets (issue 26).
+
+kubelet's side here is a Registration server and DevicePlugin client on the same wire API
+(v1beta1); ``tests/e2e`` drives the plugin with a driver built on kubelet's own Go packages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from node_agent.backends.simulated import SimulatedBackend
+from node_agent.deviceplugin import api_pb2, api_pb2_grpc
+from node_agent.deviceplugin.plugin import (
+    RESOURCE,
+    SOCKET,
+    Assigned,
+    BlockPlugin,
+    DevicePluginServer,
+    GpuBlocks,
+    preferred,
+)
+from node_agent.exporter import AgentMetrics
+from node_agent.health import HealthArgs
+from node_agent.loop import Agent
+from node_agent.power import PowerArgs
+from node_agent.push import Pusher
+from scheduler_extender.api.app import create_app
+from scheduler_extender.domain import Assignment, QosClass
+from scheduler_extender.telemetry.decode import report_from
+from tests.builders import gpu, report
+
+GPUS = [GpuBlocks("GPU-a", 3, True), GpuBlocks("GPU-b", 3, True)]
+
+
+class Kubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+    """kubelet's Registration service on ``kubelet.sock``: it records each plugin that
+    registers and connects back to it, as kubelet's device manager does."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.registered: list[api_pb2.RegisterRequest] = []
+        self.server: Any = None
+
+    async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
+        self.registered.append(request)
+        return api_pb2.Empty()
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.folder / 'kubelet.sock'}")
+        await self.server.start()
+
+    async def restart(self) -> None:
+        """A kubelet restart: every socket in the folder goes, a new kubelet.sock comes."""
+        await self.server.stop(grace=0)
+        for sock in self.folder.glob("*.sock"):
+            sock.unlink()
+        await self.start()
+
+    def plugin(self) -> Any:
+        channel = grpc.aio.insecure_channel(f"unix://{self.folder / SOCKET}")
+        return channel, api_pb2_grpc.DevicePluginStub(channel)
+
+
+async def until(check: Any, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("not in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    path = tmp_path / "dp"
+    path.mkdir()
+    return path
+
+
+async def _serving(folder: Path, plugin: BlockPlugin) -> tuple[Kubelet, DevicePluginServer, Any]:
+    kubelet = Kubelet(folder)
+    await kubelet.start()
+    server = DevicePluginServer(plugin, folder, poll_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    await until(lambda: kubelet.registered)
+    return kubelet, server, (stop, task)
+
+
+async def _nothing() -> list[Assigned] | None:
+    return []
+
+
+async def test_registers_streams_health_changes_and_registers_again_after_a_kubelet_restart(
+    folder: Path,
+) -> None:
+    plugin = BlockPlugin(_nothing, lambda: 4096)
+    await plugin.update(GPUS)
+    kubelet, server, (stop, task) = await _serving(folder, plugin)
+    try:
+        (req,) = kubelet.registered
+        assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", SOCKET, RESOURCE)
+        assert req.options.get_preferred_allocation_available
+        channel, stub = kubelet.plugin()
+        async with channel:
+            stream = stub.ListAndWatch(api_pb2.Empty())
+            first = await stream.read()
+            assert [(d.ID, d.health) for d in first.devices][:2] == [
+                ("GPU-a::0", "Healthy"), ("GPU-a::1", "Healthy")]  # fmt: skip
+            assert len(first.devices) == 6
+            await plugin.update([GpuBlocks("GPU-a", 3, False), GPUS[1]])  # an XID on GPU a
+            second = await stream.read()
+            assert {d.health for d in second.devices if d.ID.startswith("GPU-a")} == {"Unhealthy"}
+            assert {d.health for d in second.devices if d.ID.startswith("GPU-b")} == {"Healthy"}
+            await plugin.update(GPUS)  # recovered, with no restart
+            third = await stream.read()
+            assert {d.health for d in third.devices} == {"Healthy"}
+            stream.cancel()
+        await kubelet.restart()
+        await until(lambda: len(kubelet.registered) == 2)
+        assert server.registrations == 2
+        channel, stub = kubelet.plugin()
+        async with channel:
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty())
+            assert options.get_preferred_allocation_available
+    finally:
+        stop.set()
+        await task
+        await kubelet.server.stop(grace=0)
+
+
+async def test_each_pod_bound_at_once_gets_the_gpu_the_extender_chose(folder: Path) -> None:
+    assigned = [  # two one-block pods bound to this node together, to different GPUs
+        Assigned("uid-2", "default", "second", "GPU-a", 1, 200.0, "Pending"),
+        Assigned("uid-1", "default", "first", "GPU-b", 1, 100.0, "Pending"),
+        Assigned("uid-0", "default", "running", "GPU-a", 1, 50.0, "Running"),
+    ]
+
+    async def lookup() -> list[Assigned] | None:
+        return assigned
+
+    plugin = BlockPlugin(lookup, lambda: 4096)
+    await plugin.update(GPUS)
+    kubelet, _, (stop, task) = await _serving(folder, plugin)
+    try:
+        channel, stub = kubelet.plugin()
+        async with channel:
+            got = []
+            for _ in range(2):  # kubelet admits one pod at a time: the oldest assigned first
+                available = [d.ID for d in plugin.devices()]
+                pref = await stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
+                    container_requests=[api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=available, allocation_size=1)]))  # fmt: skip
+                ids = list(pref.container_responses[0].deviceIDs)
+                resp = await stub.Allocate(api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]))  # fmt: skip
+                got.append(dict(resp.container_responses[0].envs))
+            assert [g["NVIDIA_VISIBLE_DEVICES"] for g in got] == ["GPU-b", "GPU-a"]
+            assert got[0]["EDGEGPU_MEM_LIMIT_MIB"] == "4096"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=["GPU-a::0", "GPU-b::0"])]))  # fmt: skip
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "one GPU" in str(refused.value.details())
+    finally:
+        stop.set()
+        await task
+        await kubelet.server.stop(grace=0)
+
+
+def test_preferred_blocks_stay_on_one_gpu() -> None:
+    available = ["A::0", "A::1", "B::0", "B::1", "B::2"]
+    assert preferred(available, [], 2, "B") == ["B::0", "B::1"]
+    assert preferred(available, [], 3, "A") == ["B::0", "B::1", "B::2"]  # A has no room
+    assert preferred(available, [], 2, None) == ["A::0", "A::1"]  # the tightest fit
+    assert preferred(available, ["B::2"], 2, "A") == ["B::2", "B::0"]  # kubelet's must first
+    assert preferred(available, [], 4, None) == ["A::0", "A::1", "B::0", "B::1"]
+
+
+async def test_the_agent_tells_the_plugin_its_blocks_and_the_extender_its_assignments(
+    folder: Path,
+) -> None:
+    """The agent's round feeds the plugin (an XID makes a GPU's blocks Unhealthy), and its
+    lookup reads ``/v1/nodes/{node}/assignments`` from the real extender app."""
+    clock = [1000.0]
+    app = create_app()
+    state = app.state.ctx.state
+    state.ingest(report_from(report("n1", [gpu(0, uuid="GPU-x"), gpu(1, uuid="GPU-y")])))
+    state.assign(Assignment("uid-p", "default", "p", "n1", (1,), ("GPU-y",), 2, False,
+                            QosClass.INFERENCE, None, 5.0), authoritative=True)  # fmt: skip
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        pusher = Pusher(["http://extender"], client, clock=lambda: clock[0])
+        backend = SimulatedBackend(clock=lambda: clock[0], gpus=2, node="n1", scenario="xid-79",
+                                   scenario_after_s=0.0, model="Tesla T4")  # fmt: skip
+        backend.open()
+        agent = Agent(backend, node="n1", interval_s=1.0,
+                      metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
+                      power_args=PowerArgs(), clock=lambda: clock[0])  # fmt: skip
+        agent.device_plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.block_mib)
+        clock[0] += 1.0
+        await agent.round()
+        devices = agent.device_plugin.devices()
+        assert len(devices) == 2 * (15360 // 4096)
+        assert {d.health for d in devices[:3]} == {"Unhealthy"}  # GPU 0 raised XID 79
+        assert {d.health for d in devices[3:]} == {"Healthy"}
+        (found,) = await pusher.assignments("n1")() or []
+        assert (found.name, found.gpu_uuid, found.blocks, found.phase) == ("p", "GPU-y", 2, None)
+        other = httpx.ASGITransport(app=app, client=("10.1.2.3", 1))
+        async with httpx.AsyncClient(transport=other, base_url="http://extender") as remote:
+            refused = await remote.get("/v1/nodes/n1/assignments")
+            assert refused.status_code == 403  # no agent authentication: loopback only

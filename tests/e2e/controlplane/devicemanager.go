@@ -1,0 +1,214 @@
+package main
+
+// kubelet-device-manager: kubelet's side of the device plugin API (v1beta1), built on kubelet's
+// own API package, for the e2e suite's fake kubelet. It serves Registration on
+// <dir>/kubelet.sock; for each plugin that registers it connects back, watches ListAndWatch and
+// prints every device list; on a command it asks the plugin for a preferred allocation of
+// healthy, unallocated devices and allocates them, as kubelet's device manager does when it
+// admits a pod. One JSON object per line: commands on stdin, events on stdout.
+//
+//	{"allocate": {"resource": "edgegpu.io/gpu-mem-block", "size": 1, "pod": "ns/name"}}
+//	{"restart": true}   (what a kubelet restart does: every socket in <dir> goes, then back)
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+type plugin struct {
+	client    pluginapi.DevicePluginClient
+	conn      *grpc.ClientConn
+	options   *pluginapi.DevicePluginOptions
+	devices   map[string]string // ID → health
+	allocated map[string]bool
+}
+
+type manager struct {
+	pluginapi.UnimplementedRegistrationServer
+	dir     string
+	mu      sync.Mutex
+	plugins map[string]*plugin
+	out     *json.Encoder
+	outMu   sync.Mutex
+	server  *grpc.Server
+}
+
+func (m *manager) emit(event map[string]any) {
+	m.outMu.Lock()
+	defer m.outMu.Unlock()
+	_ = m.out.Encode(event)
+}
+
+func (m *manager) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	if req.Version != pluginapi.Version {
+		return nil, fmt.Errorf("unsupported version %q", req.Version)
+	}
+	endpoint := filepath.Join(m.dir, req.Endpoint)
+	conn, err := grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	client := pluginapi.NewDevicePluginClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	options, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	p := &plugin{client: client, conn: conn, options: options, devices: map[string]string{}, allocated: map[string]bool{}}
+	m.mu.Lock()
+	if old := m.plugins[req.ResourceName]; old != nil {
+		old.conn.Close()
+		p.allocated = old.allocated // kubelet keeps its checkpoint across a plugin's restart
+	}
+	m.plugins[req.ResourceName] = p
+	m.mu.Unlock()
+	m.emit(map[string]any{"event": "registered", "resource": req.ResourceName, "endpoint": req.Endpoint,
+		"preferred_allocation": options.GetPreferredAllocationAvailable})
+	go m.watch(req.ResourceName, p)
+	return &pluginapi.Empty{}, nil
+}
+
+func (m *manager) watch(resource string, p *plugin) {
+	stream, err := p.client.ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		m.emit(map[string]any{"event": "error", "error": err.Error()})
+		return
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			m.emit(map[string]any{"event": "disconnected", "resource": resource, "error": err.Error()})
+			return
+		}
+		devices := map[string]string{}
+		var list []map[string]string
+		for _, d := range resp.Devices {
+			devices[d.ID] = d.Health
+			list = append(list, map[string]string{"id": d.ID, "health": d.Health})
+		}
+		m.mu.Lock()
+		p.devices = devices
+		m.mu.Unlock()
+		m.emit(map[string]any{"event": "devices", "resource": resource, "devices": list})
+	}
+}
+
+func (m *manager) allocate(resource string, size int, pod string) map[string]any {
+	m.mu.Lock()
+	p := m.plugins[resource]
+	var available []string
+	if p != nil {
+		for id, health := range p.devices {
+			if health == pluginapi.Healthy && !p.allocated[id] {
+				available = append(available, id)
+			}
+		}
+	}
+	m.mu.Unlock()
+	if p == nil {
+		return map[string]any{"event": "error", "pod": pod, "error": "no plugin for " + resource}
+	}
+	sort.Strings(available)
+	if len(available) < size {
+		return map[string]any{"event": "error", "pod": pod, "error": "not enough healthy devices"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	chosen := available[:size]
+	if p.options.GetPreferredAllocationAvailable {
+		pref, err := p.client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+			ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+				AvailableDeviceIDs: available, AllocationSize: int32(size)}}})
+		if err != nil {
+			return map[string]any{"event": "error", "pod": pod, "error": err.Error()}
+		}
+		chosen = pref.ContainerResponses[0].DeviceIDs
+	}
+	resp, err := p.client.Allocate(ctx, &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: chosen}}})
+	if err != nil {
+		return map[string]any{"event": "error", "pod": pod, "error": err.Error()}
+	}
+	m.mu.Lock()
+	for _, id := range chosen {
+		p.allocated[id] = true
+	}
+	m.mu.Unlock()
+	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
+}
+
+func (m *manager) serve() error {
+	sock := filepath.Join(m.dir, "kubelet.sock")
+	_ = os.Remove(sock)
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	m.server = grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(m.server, m)
+	go func() { _ = m.server.Serve(lis) }()
+	m.emit(map[string]any{"event": "serving", "socket": sock})
+	return nil
+}
+
+func (m *manager) restart() error {
+	m.server.Stop()
+	socks, _ := filepath.Glob(filepath.Join(m.dir, "*.sock"))
+	for _, s := range socks {
+		_ = os.Remove(s)
+	}
+	return m.serve()
+}
+
+func runDeviceManager(args []string) int {
+	flags := flag.NewFlagSet("kubelet-device-manager", flag.ContinueOnError)
+	dir := flags.String("dir", pluginapi.DevicePluginPath, "the device-plugins folder")
+	if err := flags.Parse(args); err != nil {
+		return 2
+	}
+	m := &manager{dir: *dir, plugins: map[string]*plugin{}, out: json.NewEncoder(os.Stdout)}
+	if err := m.serve(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var cmd struct {
+			Allocate *struct {
+				Resource string `json:"resource"`
+				Size     int    `json:"size"`
+				Pod      string `json:"pod"`
+			} `json:"allocate"`
+			Restart bool `json:"restart"`
+		}
+		if err := json.Unmarshal(in.Bytes(), &cmd); err != nil {
+			m.emit(map[string]any{"event": "error", "error": err.Error()})
+			continue
+		}
+		switch {
+		case cmd.Allocate != nil:
+			m.emit(m.allocate(cmd.Allocate.Resource, cmd.Allocate.Size, cmd.Allocate.Pod))
+		case cmd.Restart:
+			if err := m.restart(); err != nil {
+				m.emit(map[string]any{"event": "error", "error": err.Error()})
+			}
+		}
+	}
+	m.server.Stop()
+	return 0
+}

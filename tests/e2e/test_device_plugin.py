@@ -1,0 +1,75 @@
+"""The agent's device plugin with kubelet's device manager (issue 26).
+
+The fake kubelet's device manager is built on kubelet's own device plugin API package: the
+agent registers ``edgegpu.io/gpu-mem-block`` with it, the blocks become the node's capacity,
+and a block pod is admitted with the GPU the extender chose at bind in its environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.e2e.conftest import Cluster, until
+from tests.e2e.edgegpu import Agent
+
+POOL = {"edgegpu.io/e2e-pool": "device-plugin"}
+NODE = "dp-0"
+
+
+@pytest.fixture
+def plugin_node(cluster: Cluster) -> Iterator[Agent]:
+    labels = {**POOL, "accelerator": "nvidia-tesla", "edgegpu.io/rack": "rack-c"}
+    cluster.kubelet.add_node(NODE, gpus=2, labels=labels)
+    folder = cluster.cp.folder / "dp-0-device-plugins"
+    manager = cluster.kubelet.attach_device_manager(NODE, folder)
+    agent = Agent(cluster.cp, NODE, 2, [e.ingest_url for e in cluster.extenders], seed=11,
+                  extra_args=["--load-pct", "0", "--model", "Tesla T4", "--device-plugin",
+                              "--kubelet-dir", str(folder)])  # fmt: skip
+    agent.start()
+    try:
+        manager.wait(lambda e: e["event"] == "devices" and e["devices"], 60.0)
+        yield agent
+    finally:
+        agent.stop()
+        cluster.kubelet.silence(NODE)
+        cluster.cp.request("DELETE", f"/api/v1/nodes/{NODE}")
+
+
+def test_a_block_pod_gets_the_gpu_chosen_at_bind_and_the_plugin_survives_a_kubelet_restart(
+    cluster: Cluster, ns: str, plugin_node: Agent, say: Callable[[str], None]
+) -> None:
+    manager = cluster.kubelet.device_managers[NODE]
+    registered = manager.wait(lambda e: e["event"] == "registered")
+    assert registered["resource"] == "edgegpu.io/gpu-mem-block"
+    assert registered["preferred_allocation"] is True
+
+    def advertised() -> str | None:
+        node = cluster.cp.get(f"/api/v1/nodes/{NODE}") or {}
+        return (node.get("status") or {}).get("allocatable", {}).get("edgegpu.io/gpu-mem-block")
+
+    assert until("the blocks advertised", advertised, 30.0) == "6"  # 2 × T4 (15 GiB / 4 GiB)
+    for i in range(3):
+        cluster.create(cluster.pod(f"blocks-{i}", ns, blocks=1, qos="inference",
+                                   node_selector=POOL))  # fmt: skip
+
+    def running() -> list[dict[str, object]] | None:
+        pods = [cluster.get_pod(ns, f"blocks-{i}") for i in range(3)]
+        ok = all(p and (p.get("status") or {}).get("phase") == "Running" for p in pods)
+        return pods if ok else None  # type: ignore[return-value]
+
+    pods = until("the block pods Running on dp-0", running, 60.0)
+    for pod in pods:
+        meta = pod["metadata"]  # type: ignore[index]
+        envs = cluster.kubelet.envs[(ns, meta["name"])]  # type: ignore[index]
+        chosen = meta["annotations"]["edgegpu.io/gpu-uuid"]  # type: ignore[index]
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == chosen, (envs, chosen)
+        assert envs["EDGEGPU_MEM_LIMIT_MIB"] == "4096"
+    say(f"device plugin: 3 one-block pods on {NODE}, each container given the GPU chosen at "
+        f"bind: {sorted(cluster.kubelet.envs[(ns, f'blocks-{i}')]['NVIDIA_VISIBLE_DEVICES'] for i in range(3))}")  # fmt: skip
+
+    before = sum(1 for e in manager.events if e["event"] == "registered")
+    manager.restart()
+    until("the plugin registered again after the kubelet restart",
+          lambda: sum(1 for e in manager.events if e["event"] == "registered") > before, 30.0)  # fmt: skip
