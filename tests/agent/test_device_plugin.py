@@ -218,3 +218,16 @@ async def test_the_agent_tells_the_plugin_its_blocks_and_the_extender_its_assign
         async with httpx.AsyncClient(transport=other, base_url="http://extender") as remote:
             refused = await remote.get("/v1/nodes/n1/assignments")
             assert refused.status_code == 403  # no agent authentication: loopback only
+
+
+def test_the_generated_modules_are_those_of_the_proto(tmp_path: Path) -> None:
+    """``make proto`` was run after the last change to api.proto."""
+    from grpc_tools import protoc
+
+    root = Path(__file__).resolve().parents[2]
+    proto = "node_agent/deviceplugin/api.proto"
+    assert protoc.main(["protoc", f"-I{root}", f"--python_out={tmp_path}",
+                        f"--grpc_python_out={tmp_path}", str(root / proto)]) == 0  # fmt: skip
+    for name in ("api_pb2.py", "api_pb2_grpc.py"):
+        fresh = (tmp_path / "node_agent" / "deviceplugin" / name).read_text()
+        assert fresh == (root / "node_agent" / "deviceplugin" / name).read_text(), name
