@@ -66,8 +66,20 @@ class _GpuCollector(Collector):
             "Power limit set by local thermal protection (absent = none).",
             labels=_LABELS,
         )
+        by_pod = GaugeMetricFamily(
+            "node_gpu_pod_memory_used_bytes",
+            "GPU memory in use by a pod's processes, bytes (pods the agent could map).",
+            labels=[*_LABELS, "pod_uid", "container"],
+        )
         for r in view.readings:
             labels = [str(r.index), r.uuid, r.model or "", view.node]
+            per_pod: dict[tuple[str, str], float] = {}
+            for p in r.processes:
+                if p.pod_uid and p.used_mib is not None:
+                    key = (p.pod_uid, p.container or "")
+                    per_pod[key] = per_pod.get(key, 0.0) + p.used_mib
+            for (uid, container), mib in sorted(per_pod.items()):
+                by_pod.add_metric([*labels, uid, container], mib * 1048576.0)
             for name, _, attr, scale in _GAUGES:
                 value = getattr(r, attr)
                 if value is not None:
@@ -83,6 +95,7 @@ class _GpuCollector(Collector):
         yield health
         yield saving
         yield capped
+        yield by_pod
         ratio = GaugeMetricFamily(
             "node_gpu_cuda_context_success_ratio",
             "Share of recent CUDA context create/destroy probes that succeeded.",

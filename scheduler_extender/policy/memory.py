@@ -5,6 +5,8 @@ Pure; imports only numpy, pydantic and ``policy.base``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
@@ -35,6 +37,17 @@ class MemoryArgs(ArgsModel):
         alias="idleUsedMiB",
         ge=0,
         description="MiB in use (driver, persistence daemon) below which a GPU counts as free.",
+    )
+    over_budget: Literal["warn", "evict"] = Field(
+        "warn",
+        alias="overBudget",
+        description="A pod using more GPU memory than its blocks: warn (an Event) or evict it "
+        "after overBudgetGrace (the leader, with remediation enabled).",
+    )
+    over_budget_grace_s: Duration = Field(
+        60.0,
+        alias="overBudgetGrace",
+        description="How long a pod may stay over its blocks before overBudget: evict acts (1m).",
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -95,6 +96,8 @@ class Remediator:
         self.identity = identity
         self._last: dict[thermal.GpuKey, float] = {}
         self._dry_run: bool | None = None
+        self._over: dict[str, float] = {}
+        """Pods over their memory blocks: uid → since when (monotonic)."""
         self._blocked: dict[tuple[str, str], tuple[int, float]] = {}
         """Pods a PodDisruptionBudget kept: (refusals in a row, when to try again)."""
         self.records: dict[str, Record] = {}
@@ -184,6 +187,58 @@ class Remediator:
         self.metrics.remediation.labels("evict", why, "evicted").inc()
         await self._event(ref, "EdgeGPUEvicted", message, "Warning")
         return True
+
+    # -- memory budgets -----------------------------------------------------------------------
+    def over_budget(self) -> dict[str, tuple[Assignment, float, float]]:
+        """Pods whose processes use more GPU memory than their blocks: uid → (pod, MiB, budget)."""
+        block_mib = self.state.policy.spec.memory.block_mib
+        out: dict[str, tuple[Assignment, float, float]] = {}
+        for node in self.state.store.nodes():
+            record = self.state.store.get(node)
+            if record is None:
+                continue
+            for g in record.report.gpus:
+                used_by: dict[str, float] = {}
+                for proc in g.processes:
+                    if proc.pod_uid and proc.used_mib is not None:
+                        used_by[proc.pod_uid] = used_by.get(proc.pod_uid, 0.0) + proc.used_mib
+                for uid, used in used_by.items():
+                    a = self.state.allocations.get(uid)
+                    if a is None or a.whole or not a.mem_blocks:
+                        continue
+                    budget = float(a.mem_blocks * block_mib)
+                    if used > budget:
+                        out[uid] = (a, used, budget)
+        return out
+
+    async def budgets(self) -> None:
+        """A warning Event as soon as a pod is seen over its blocks.
+
+        With ``memory.overBudget: evict``, its eviction once it has stayed over for
+        ``overBudgetGrace``.
+        """
+        spec = self.state.policy.spec
+        now = self.state.clock.monotonic()
+        over = self.over_budget()
+        self._over = {uid: t for uid, t in self._over.items() if uid in over}
+        for uid, (pod, used, budget) in over.items():
+            message = (
+                f"uses {used:.0f} MiB of GPU memory on {pod.node}, over its "
+                f"{pod.mem_blocks} block(s) ({budget:.0f} MiB)"
+            )
+            since = self._over.get(uid)
+            if since is None:
+                self._over[uid] = now
+                log.warning("pod %s/%s %s", pod.namespace, pod.name, message)
+                self.metrics.remediation.labels("warn", "over_budget", "done").inc()
+                ref = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": uid}
+                await self._event(ref, "EdgeGPUOverBudget", message, "Warning")
+            elif (
+                spec.memory.over_budget == "evict"
+                and now - since >= spec.memory.over_budget_grace_s
+            ):
+                if await self._evict(pod, "over_budget", message, spec.remediation):
+                    self._over[uid] = math.inf  # on its way out: not again
 
     # -- the fault loop ------------------------------------------------------------------------
     def observe(self, name: str, node: JsonDict) -> Observation:
@@ -476,6 +531,7 @@ class Remediator:
             self._planned.clear()
             return []
         due = await self.migrate()
+        await self.budgets()
         await self.faults_round()
         return due
 

@@ -610,13 +610,26 @@ class ClusterState:
                 i = int(index)
                 ours = pods.get(i) if d.pods else None
                 if ours:
-                    explained = sum(mib for at, uid, mib in d.pods if at == i and uid in ours)
+                    # A pod's use explains memory up to its budget: what it uses past its blocks
+                    # counts against the GPU (never less than the real use).
+                    explained = sum(
+                        min(mib, self._budget_mib(uid))
+                        for at, uid, mib in d.pods
+                        if at == i and uid in ours
+                    )
                     used = max(used - explained, 0.0)
                 unaccounted[i] = used
         if record is None and not blocks and not whole and node not in self.table:
             return
         self.table.write_allocations(node, blocks, whole, unaccounted)
         self._write_room(node)
+
+    def _budget_mib(self, pod_uid: str) -> float:
+        """GPU memory a pod was given at bind: its blocks, or all of a whole GPU."""
+        a = self.allocations.get(pod_uid)
+        if a is None or a.whole or not a.mem_blocks:
+            return math.inf
+        return float(a.mem_blocks * self.policy.spec.memory.block_mib)
 
     def _write_room(self, node: str) -> None:
         """Mark the node's room (free blocks, idle GPUs: the inputs of a rack's room) stale.

@@ -446,3 +446,19 @@ async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_
         await agent.round()
         assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (78.0, 120.0)
         assert agent.hot_threshold_c == 78.0
+
+
+def test_gpu_memory_is_exported_per_pod():
+    from node_agent.model import GpuProcess, GpuReading
+
+    metrics = AgentMetrics(CollectorRegistry(), "n1")
+    metrics.view.readings = [GpuReading(index=0, uuid="GPU-x", processes=(
+        GpuProcess(1, 1000.0, "uid-a", "app"), GpuProcess(2, 24.0, "uid-a", "app"),
+        GpuProcess(3, 512.0, "uid-b", "main"), GpuProcess(4, 300.0)))]  # fmt: skip
+    text = _metrics_text(metrics.registry)
+    rows = sorted(
+        ln for ln in text.splitlines() if ln.startswith("node_gpu_pod_memory_used_bytes{")
+    )
+    assert len(rows) == 2
+    assert 'pod_uid="uid-a"' in rows[0] and float(rows[0].rsplit(" ", 1)[1]) == 1024 * 1048576.0
+    assert 'container="main"' in rows[1]

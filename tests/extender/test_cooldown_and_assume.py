@@ -176,3 +176,29 @@ async def test_two_gpus_that_swap_indices_keep_their_own_states(client, clock):
     node = (await client.get("/debug/nodes/a")).json()
     cooling = {g["uuid"]: g["cool_down_until"] is not None for g in node["gpus"]}
     assert cooling == {"GPU-c": False, "GPU-h": True}
+
+
+async def test_a_pod_using_more_than_its_blocks_is_counted_at_its_real_use(clock):
+    """Issue 26: a one-block pod using 12 GiB leaves the GPU with the blocks that are really
+    free, not the three its reservation alone would leave."""
+    import httpx
+
+    app = create_app(clock=clock, binder=RecordingBinder())
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        await client.post("/v1/telemetry", json=report("a", [gpu(0, memory_total_mib=16384.0)]))
+        await client.post("/filter", json=args_names(pod("one"), ["a"]))
+        await client.post(
+            "/bind",
+            json={"PodName": "one", "PodNamespace": "default", "PodUID": "uid-one", "Node": "a"},
+        )
+        process = {"pid": 7, "pod_uid": "uid-one", "used_mib": 12288}
+        await client.post(
+            "/v1/telemetry",
+            json=report(
+                "a",
+                [gpu(0, memory_total_mib=16384.0, memory_used_mib=12288.0, processes=[process])],
+            ),
+        )
+        node = (await client.get("/debug/nodes/a")).json()
+        assert node["gpus"][0]["free_blocks"] == 1  # 4 blocks − its 1 − 2 more it uses

@@ -378,3 +378,37 @@ async def test_a_condition_that_cannot_be_written_does_not_stop_the_loop(
     await r.step()
     assert not c.node("n0")["spec"].get("unschedulable") and c.record("n0") is None
     assert len(c.events("EdgeGPUCordoned")) == 1
+
+
+async def test_a_pod_over_its_blocks_is_warned_at_once_and_evicted_after_the_grace(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    """Issue 26: the budget is enforced by watching; the pods within theirs are untouched."""
+    c = Cluster(kube, kubeconfig)
+    c.state.set_policy(parse_policy({"spec": {
+        "remediation": {"enabled": True, "dryRun": False},
+        "memory": {"overBudget": "evict", "overBudgetGrace": "1m"}}}))  # fmt: skip
+    c.pod("big", "n0", 0, QosClass.INFERENCE)
+    c.pod("small", "n0", 0, QosClass.BEST_EFFORT)
+    procs = [{"pid": 1, "pod_uid": "uid-big", "used_mib": 6000.0},
+             {"pid": 2, "pod_uid": "uid-small", "used_mib": 1000.0}]  # fmt: skip
+    r = c.remediator()
+
+    def sample() -> None:
+        c.seq += 1
+        doc = report("n0", [gpu(0, memory_used_mib=7000.0, processes=procs), gpu(1)], seq=c.seq)
+        c.state.ingest(report_from(doc))
+
+    sample()
+    await r.step()
+    (warned,) = c.events("EdgeGPUOverBudget")
+    assert warned["involvedObject"]["name"] == "big" and "6000 MiB" in warned["message"]
+    assert c.pods() == {"big", "small"}
+    c.clock.advance(30.0)
+    sample()
+    await r.step()
+    assert c.pods() == {"big", "small"} and len(c.events("EdgeGPUOverBudget")) == 1
+    c.clock.advance(31.0)
+    sample()
+    await r.step()
+    assert c.pods() == {"small"}
