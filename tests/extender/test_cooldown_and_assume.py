@@ -125,28 +125,35 @@ async def test_assumed_blocks_expire_unless_telemetry_shows_the_pod(clock):
         assert await verdict(client) == "passed"
 
 
-async def test_memory_of_an_assigned_pod_is_not_counted_twice(clock):
+async def _one_block_pod_using(clock, total_mib: float, used_mib: float) -> dict:
+    """/debug/nodes/a after a one-block pod was bound there and reported using ``used_mib``."""
     import httpx
 
     app = create_app(clock=clock, binder=RecordingBinder())
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-        await client.post("/v1/telemetry", json=report("a", [gpu(0, memory_total_mib=8192.0)]))
+        await client.post("/v1/telemetry", json=report("a", [gpu(0, memory_total_mib=total_mib)]))
         await client.post("/filter", json=args_names(pod("one"), ["a"]))
         await client.post(
             "/bind",
             json={"PodName": "one", "PodNamespace": "default", "PodUID": "uid-one", "Node": "a"},
         )
-        process = {"pid": 7, "pod_uid": "uid-one", "used_mib": 4000}
+        process = {"pid": 7, "pod_uid": "uid-one", "used_mib": used_mib}
         await client.post(
             "/v1/telemetry",
             json=report(
-                "a", [gpu(0, memory_total_mib=8192.0, memory_used_mib=4000.0, processes=[process])]
+                "a",
+                [gpu(0, memory_total_mib=total_mib, memory_used_mib=used_mib, processes=[process])],
             ),
         )
-        node = (await client.get("/debug/nodes/a")).json()
-        assert node["gpus"][0]["free_blocks"] == 1
-        assert node["reservations"][0]["pod"] == "default/one"
+        node: dict = (await client.get("/debug/nodes/a")).json()
+        return node
+
+
+async def test_memory_of_an_assigned_pod_is_not_counted_twice(clock):
+    node = await _one_block_pod_using(clock, 8192.0, 4000.0)
+    assert node["gpus"][0]["free_blocks"] == 1
+    assert node["reservations"][0]["pod"] == "default/one"
 
 
 async def test_a_new_uuid_or_a_report_without_the_gpu_does_not_end_its_cool_down(client, clock):
@@ -181,24 +188,5 @@ async def test_two_gpus_that_swap_indices_keep_their_own_states(client, clock):
 async def test_a_pod_using_more_than_its_blocks_is_counted_at_its_real_use(clock):
     """Issue 26: a one-block pod using 12 GiB leaves the GPU with the blocks that are really
     free, not the three its reservation alone would leave."""
-    import httpx
-
-    app = create_app(clock=clock, binder=RecordingBinder())
-    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
-    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
-        await client.post("/v1/telemetry", json=report("a", [gpu(0, memory_total_mib=16384.0)]))
-        await client.post("/filter", json=args_names(pod("one"), ["a"]))
-        await client.post(
-            "/bind",
-            json={"PodName": "one", "PodNamespace": "default", "PodUID": "uid-one", "Node": "a"},
-        )
-        process = {"pid": 7, "pod_uid": "uid-one", "used_mib": 12288}
-        await client.post(
-            "/v1/telemetry",
-            json=report(
-                "a",
-                [gpu(0, memory_total_mib=16384.0, memory_used_mib=12288.0, processes=[process])],
-            ),
-        )
-        node = (await client.get("/debug/nodes/a")).json()
-        assert node["gpus"][0]["free_blocks"] == 1  # 4 blocks − its 1 − 2 more it uses
+    node = await _one_block_pod_using(clock, 16384.0, 12288.0)
+    assert node["gpus"][0]["free_blocks"] == 1  # 4 blocks − its 1 − 2 more it uses
