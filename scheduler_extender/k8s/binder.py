@@ -36,7 +36,7 @@ def assignment_annotations(assignment: Assignment) -> dict[str, str]:
         GPU_INDEX_ANNOTATION: ",".join(str(i) for i in assignment.gpu_indices),
         GPU_UUID_ANNOTATION: ",".join(assignment.gpu_uuids),
         ASSIGNED_AT_ANNOTATION: datetime.fromtimestamp(assignment.assigned_at, UTC)
-        .isoformat(timespec="seconds")
+        .isoformat(timespec="microseconds")
         .replace("+00:00", "Z"),
     }
 
