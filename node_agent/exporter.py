@@ -66,6 +66,9 @@ class _GpuCollector(Collector):
             "Power limit set by local thermal protection (absent = none).",
             labels=_LABELS,
         )
+        info = GaugeMetricFamily(
+            "node_gpu_info", "1 for each GPU, with its vendor.", labels=[*_LABELS, "vendor"]
+        )
         by_pod = GaugeMetricFamily(
             "node_gpu_pod_memory_used_bytes",
             "GPU memory in use by a pod's processes, bytes (pods the agent could map).",
@@ -73,6 +76,7 @@ class _GpuCollector(Collector):
         )
         for r in view.readings:
             labels = [str(r.index), r.uuid, r.model or "", view.node]
+            info.add_metric([*labels, r.vendor or ""], 1.0)
             per_pod: dict[tuple[str, str], float] = {}
             for p in r.processes:
                 if p.pod_uid and p.used_mib is not None:
@@ -96,6 +100,7 @@ class _GpuCollector(Collector):
         yield saving
         yield capped
         yield by_pod
+        yield info
         ratio = GaugeMetricFamily(
             "node_gpu_cuda_context_success_ratio",
             "Share of recent CUDA context create/destroy probes that succeeded.",

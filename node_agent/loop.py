@@ -279,6 +279,7 @@ class Agent:
                     "index": r.index,
                     "uuid": r.uuid,
                     "model": r.model,
+                    "vendor": r.vendor,
                     "temperature_c": r.temperature_c,
                     "power_w": r.power_w,
                     "power_limit_w": r.power_limit_w,

@@ -26,6 +26,8 @@ class GpuReading:
     index: int
     uuid: str
     model: str | None = None
+    vendor: str | None = None
+    """``nvidia``, ``amd`` or ``intel``."""
     temperature_c: float | None = None
     power_w: float | None = None
     power_limit_w: float | None = None

@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
 from node_agent.cuda_probe import CudaProbe
 
@@ -53,23 +53,33 @@ def _run_tool(
     )
 
 
+NVIDIA_TOOLS: Final = (
+    ("nvidia-smi", ["nvidia-smi", "-q"]),
+    ("dcgm-diag-r1", ["dcgmi", "diag", "-r", "1"]),
+)
+
+
 def run_self_test(
     gpu_count: int,
     *,
     probe: CudaProbe | None = None,
     which: Callable[[str], str | None] = shutil.which,
-    dcgm_timeout_s: float = 180.0,
+    timeout_s: float = 180.0,
+    tools: Sequence[tuple[str, Sequence[str]]] = NVIDIA_TOOLS,
+    cuda: bool = True,
 ) -> dict[str, Any]:
-    """Every check, then the verdict: ``pass`` only if something ran and nothing failed."""
+    """Every check, then the verdict: ``pass`` only if something ran and nothing failed.
+
+    ``tools``: (name, argv) of each diagnostic tool, run where installed; ``cuda``: also
+    create and destroy a CUDA context on every GPU.
+    """
     started = time.monotonic()
-    checks = [
-        _run_tool("nvidia-smi", ["nvidia-smi", "-q"], 60.0, which),
-        _run_tool("dcgm-diag-r1", ["dcgmi", "diag", "-r", "1"], dcgm_timeout_s, which),
-    ]
-    probe = probe or CudaProbe()
-    if not probe.available:
+    checks = [_run_tool(name, argv, timeout_s, which) for name, argv in tools]
+    probe = (probe or CudaProbe()) if cuda else None
+    if probe is not None and not probe.available:
         checks.append(Check("cuda-context", "skipped", "libcuda not found"))
-    for i in range(gpu_count if probe.available else 0):
+    for i in range(gpu_count if probe is not None and probe.available else 0):
+        assert probe is not None
         t0 = time.monotonic()
         result = probe.probe(i)
         checks.append(

@@ -23,7 +23,14 @@ ASSIGNED_AT_ANNOTATION: Final = "edgegpu.io/assigned-at"
 # Extended resources.
 MEM_BLOCK_RESOURCE: Final = "edgegpu.io/gpu-mem-block"
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
-MANAGED_RESOURCES: Final = (MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCE)
+WHOLE_GPU_RESOURCES: Final = (
+    WHOLE_GPU_RESOURCE,
+    "amd.com/gpu",
+    "gpu.intel.com/i915",
+    "gpu.intel.com/xe",
+)
+"""Whole-GPU resources of the vendors' device plugins (the policy's default list)."""
+MANAGED_RESOURCES: Final = (MEM_BLOCK_RESOURCE, *WHOLE_GPU_RESOURCES)
 
 # Node labels, annotations and taints.
 RACK_LABEL: Final = "edgegpu.io/rack"

@@ -76,6 +76,7 @@ class GpuReport(msgspec.Struct, frozen=True, gc=False):
     index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
     uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     model: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    vendor: Annotated[str, msgspec.Meta(max_length=32)] | None = None
     temperature_c: _Celsius | None = None
     power_w: _Watts | None = None
     power_limit_w: _Watts | None = None

@@ -23,7 +23,13 @@ from typing import Any
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import PolicyError, RequestError
 from scheduler_extender.k8s.client import POLICY_PLURAL, JsonDict, KubeApi, KubeError
-from scheduler_extender.k8s.translate import group_of, host_requests, node_allocatable, requested
+from scheduler_extender.k8s.translate import (
+    group_of,
+    host_requests,
+    node_allocatable,
+    requested,
+    whole_gpus,
+)
 from scheduler_extender.k8s.watchers import Reflector
 from scheduler_extender.names import (
     ASSIGNED_AT_ANNOTATION,
@@ -31,7 +37,6 @@ from scheduler_extender.names import (
     GPU_UUID_ANNOTATION,
     MEM_BLOCK_RESOURCE,
     QOS_ANNOTATION,
-    WHOLE_GPU_RESOURCE,
 )
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.qos import resolve_class
@@ -73,7 +78,7 @@ def assignment_from_pod(pod: JsonDict, state: ClusterState) -> Assignment | None
     where = f"pod {meta.get('namespace')}/{meta.get('name')}"
     try:
         blocks = requested(pod, MEM_BLOCK_RESOURCE, where)
-        whole = requested(pod, WHOLE_GPU_RESOURCE, where)
+        whole = whole_gpus(pod, state.policy.spec.whole_gpu_resources, where)
     except RequestError as exc:
         log.warning("%s", exc)
         return None

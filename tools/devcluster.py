@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = [
     "steady", "steady", "cabinet-overheat", "xid-79", "steady", "overheat", "ecc", "gpu-lost",
 ]  # fmt: skip
+VENDOR_MODELS = {1: "AMD Instinct MI210", 4: "Intel Data Center GPU Flex 170"}
+"""Simulated nodes of other vendors: edge-1 has AMD GPUs, edge-4 (with NODES=5 or more) Intel."""
 
 
 def _wait_for(url: str, timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> bool:
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--metrics-host", "127.0.0.1",
                         "--label", f"edgegpu.io/rack=rack-{'ab'[i % 2]}",
                         "--log-level", "warning",
+                        *(["--model", VENDOR_MODELS[i]] if i in VENDOR_MODELS else []),
                     ],
                     cwd=ROOT,
                     env=env,

@@ -1,6 +1,6 @@
 """Backend registry: one name → one lazily imported backend module.
 
-Adding a backend (``amd`` via amdsmi, ``intel`` via level-zero) is one module implementing
+Adding a backend (``intel`` via Level Zero Sysman next) is one module implementing
 ``base.GpuBackend`` and one line here; nothing else imports a vendor library.
 """
 
@@ -16,6 +16,7 @@ REGISTRY: Final = {
     "nvml": ("node_agent.backends.nvml", "NvmlBackend"),
     "simulated": ("node_agent.backends.simulated", "SimulatedBackend"),
     "jetson": ("node_agent.backends.jetson", "JetsonBackend"),
+    "amd": ("node_agent.backends.amd", "AmdBackend"),
 }
 
 

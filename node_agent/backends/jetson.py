@@ -141,6 +141,7 @@ class JetsonBackend:
         total, used = self._memory_mib()
         serial = _read(self._root / "proc/device-tree/serial-number")
         return GpuReading(
+            vendor="nvidia",
             index=0,
             uuid=f"JETSON-{serial.rstrip(chr(0))}" if serial else "JETSON-0",
             model=self._model,

@@ -182,8 +182,9 @@ class NvmlBackend:
             procs = self._field(nv.nvmlDeviceGetComputeRunningProcesses, h)
         except nv.NVMLError as exc:
             log.error("gpu %d is lost: %s", index, exc)
-            return GpuReading(index=index, uuid=f"GPU-index-{index}", lost=True)
+            return GpuReading(index=index, uuid=f"GPU-index-{index}", vendor="nvidia", lost=True)
         return GpuReading(
+            vendor="nvidia",
             index=index,
             uuid=_text(uuid),
             model=_text(name) if name is not None else None,

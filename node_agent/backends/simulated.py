@@ -41,6 +41,7 @@ class GpuModel:
     max_clock_mhz: float
     thermal_resistance_c_per_w: float
     """°C above ambient per watt at steady state."""
+    vendor: str = "nvidia"
 
 
 MODELS: Final = (
@@ -48,6 +49,13 @@ MODELS: Final = (
     GpuModel("NVIDIA A10", 150.0, 20.0, 100.0, 23028.0, 1695.0, 0.34),
     GpuModel("NVIDIA L4", 72.0, 12.0, 40.0, 23034.0, 2040.0, 0.70),
 )
+"""The models a node gets when none is named."""
+
+OTHER_MODELS: Final = (
+    GpuModel("AMD Instinct MI210", 300.0, 40.0, 100.0, 65520.0, 1700.0, 0.19, "amd"),
+    GpuModel("Intel Data Center GPU Flex 170", 150.0, 25.0, 80.0, 16384.0, 2050.0, 0.33, "intel"),
+)
+"""Models of other vendors, by name only (``--model``)."""
 
 TIME_CONSTANT_S: Final = 40.0
 """How fast temperature follows power (a heatsink-sized thermal mass)."""
@@ -104,7 +112,7 @@ class SimulatedBackend:
         digest = hashlib.sha256(f"{seed}:{node}".encode()).digest()
         self._seed = int.from_bytes(digest[:8], "big")
         self._load_pct = load_pct
-        names = [m.name for m in MODELS]
+        names = [m.name for m in (*MODELS, *OTHER_MODELS)]
         if model is not None and model not in names:
             raise BackendUnavailable(
                 f"unknown simulated model {model!r}; one of: {', '.join(names)}"
@@ -120,7 +128,7 @@ class SimulatedBackend:
         rng = random.Random(self._seed)
         model = MODELS[rng.randrange(len(MODELS))]
         if self._model_name is not None:
-            model = next(m for m in MODELS if m.name == self._model_name)
+            model = next(m for m in (*MODELS, *OTHER_MODELS) if m.name == self._model_name)
         self._start = self._clock()
         self._gpus = []
         for i in range(self._count):
@@ -204,7 +212,9 @@ class SimulatedBackend:
         if self.scenario == "gpu-lost" and index == self._count - 1 and self._in_fault():
             gpu.lost = True
         if gpu.lost:
-            return GpuReading(index=index, uuid=gpu.uuid, model=gpu.model.name, lost=True)
+            return GpuReading(
+                index=index, uuid=gpu.uuid, model=gpu.model.name, vendor=gpu.model.vendor, lost=True
+            )
         util, power, clock, reasons = self._advance(gpu)
         if self.scenario == "ecc" and index == 0 and self._in_fault():
             gpu.ecc_uncorrected = max(gpu.ecc_uncorrected, 2)
@@ -216,6 +226,7 @@ class SimulatedBackend:
             index=index,
             uuid=gpu.uuid,
             model=m.name,
+            vendor=m.vendor,
             temperature_c=round(gpu.temperature_c, 1),
             power_w=None if unsupported else round(power, 1),
             power_limit_w=None if unsupported else gpu.power_limit_w,

@@ -82,6 +82,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                 "index": i,
                 "uuid": gpu.uuid,
                 "model": gpu.model,
+                "vendor": gpu.vendor,
                 "temperature_c": gpu.temperature_c,
                 "power_w": gpu.power_w,
                 "power_limit_w": gpu.power_limit_w,

@@ -37,7 +37,9 @@ def _refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:
 
 
 def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
-    demand = translate.pod_demand(pod, ctx.state.policy.spec.qos)
+    demand = translate.pod_demand(
+        pod, ctx.state.policy.spec.qos, ctx.state.policy.spec.whole_gpu_resources
+    )
     ctx.state.remember_demand(demand)
     return demand
 
@@ -314,7 +316,9 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
 def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
     """``POST /debug/explain``: every node's verdict, reason and score terms, raw and weighted."""
     args = wire.parse_extender_args(body, "explain")
-    demand = translate.pod_demand(args.pod, ctx.state.policy.spec.qos)
+    demand = translate.pod_demand(
+        args.pod, ctx.state.policy.spec.qos, ctx.state.policy.spec.whole_gpu_resources
+    )
     names = args.candidates()
     ev = ctx.state.evaluate(names, demand, args.labels())
     total_weight = sum(ev.weights) or 1.0

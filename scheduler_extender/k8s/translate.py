@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from scheduler_extender.names import (
     GROUP_LABEL_FALLBACKS,
     MEM_BLOCK_RESOURCE,
     QOS_ANNOTATION,
-    WHOLE_GPU_RESOURCE,
+    WHOLE_GPU_RESOURCES,
 )
 from scheduler_extender.policy.qos import QosArgs, resolve_class
 
@@ -151,7 +151,14 @@ def group_of(labels: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pod_demand(pod: Mapping[str, Any], qos: QosArgs) -> PodDemand:
+def whole_gpus(pod: Mapping[str, Any], resources: Sequence[str], where: str) -> int:
+    """Whole GPUs a pod asks for, whichever vendor's resource names them."""
+    return sum(requested(pod, r, where) for r in resources)
+
+
+def pod_demand(
+    pod: Mapping[str, Any], qos: QosArgs, whole_resources: Sequence[str] = WHOLE_GPU_RESOURCES
+) -> PodDemand:
     """Read what a pod asks of GPUs; raises RequestError naming the bad field."""
     meta = pod.get("metadata") or {}
     if not isinstance(meta, dict):
@@ -180,11 +187,9 @@ def pod_demand(pod: Mapping[str, Any], qos: QosArgs) -> PodDemand:
     except ValueError as exc:
         raise RequestError(f"{where}: annotation {QOS_ANNOTATION}: {exc}") from None
     blocks = requested(pod, MEM_BLOCK_RESOURCE, where)
-    whole = requested(pod, WHOLE_GPU_RESOURCE, where)
+    whole = whole_gpus(pod, whole_resources, where)
     if blocks and whole:
-        raise RequestError(
-            f"{where}: asks for both {MEM_BLOCK_RESOURCE} and {WHOLE_GPU_RESOURCE}; use one"
-        )
+        raise RequestError(f"{where}: asks for both {MEM_BLOCK_RESOURCE} and whole GPUs; use one")
     cpu, memory = host_requests(pod, where)
     return PodDemand(
         uid=uid,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
-from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND
+from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND, WHOLE_GPU_RESOURCES
 from scheduler_extender.policy.base import ArgsModel
 from scheduler_extender.policy.fragmentation import FragmentationArgs
 from scheduler_extender.policy.memory import MemoryArgs
@@ -56,6 +56,12 @@ class PolicySpec(ArgsModel):
     topology: TopologyArgs = Field(default_factory=TopologyArgs)
     remediation: RemediationArgs = Field(default_factory=RemediationArgs)
     prioritize: PrioritizeArgs = Field(default_factory=PrioritizeArgs)
+    whole_gpu_resources: tuple[str, ...] = Field(
+        WHOLE_GPU_RESOURCES,
+        alias="wholeGPUResources",
+        min_length=1,
+        description="Extended resources that ask for whole GPUs (each vendor's device plugin's).",
+    )
 
 
 class PolicyMetadata(BaseModel):

@@ -60,6 +60,8 @@ class GpuReport(_Model):
     index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]
     uuid: Annotated[str, Field(min_length=1, max_length=128)]
     model: Annotated[str, Field(max_length=128)] | None = None
+    vendor: Annotated[str, Field(max_length=32)] | None = None
+    """``nvidia``, ``amd`` or ``intel``."""
     temperature_c: Annotated[float, Field(ge=-60, le=200)] | None = None
     power_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
     power_limit_w: Annotated[float, Field(ge=0, le=10_000)] | None = None

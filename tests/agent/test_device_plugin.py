@@ -125,8 +125,7 @@ async def test_registers_streams_health_changes_and_registers_again_after_a_kube
             assert {d.health for d in third.devices} == {"Healthy"}
             stream.cancel()
         await kubelet.restart()
-        await until(lambda: len(kubelet.registered) == 2)
-        assert server.registrations == 2
+        await until(lambda: len(kubelet.registered) == 2 and server.registrations == 2)
         channel, stub = kubelet.plugin()
         async with channel:
             options = await stub.GetDevicePluginOptions(api_pb2.Empty())

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,30 @@ def until(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
         return wait_until(what, check, timeout_s, 0.25)
     except Exception as exc:
         raise AssertionError(str(exc)) from None
+
+
+@contextmanager
+def extra_node(
+    cluster: Cluster,
+    name: str,
+    gpus: int,
+    agent_args: list[str],
+    *,
+    labels: dict[str, str] | None = None,
+    gpu_resource: str = "nvidia.com/gpu",
+    before_agent: Callable[[], None] | None = None,
+) -> Iterator[Agent]:
+    """A GPU node of one test, with its agent (the DaemonSet's pod on it), gone afterwards."""
+    every = {"accelerator": "nvidia-tesla", "edgegpu.io/rack": "rack-c", **(labels or {})}
+    cluster.kubelet.add_node(name, gpus=gpus, labels=every, gpu_resource=gpu_resource)
+    if before_agent is not None:
+        before_agent()
+    agent = Agent(cluster.cp, name, gpus, [e.ingest_url for e in cluster.extenders],
+                  seed=sum(map(ord, name)), extra_args=["--load-pct", "0", *agent_args])  # fmt: skip
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        cluster.kubelet.silence(name)
+        cluster.cp.request("DELETE", f"/api/v1/nodes/{name}")

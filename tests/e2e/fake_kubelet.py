@@ -138,9 +138,11 @@ class FakeKubelet:
         gpus: int,
         labels: dict[str, str] | None = None,
         taints: list[dict[str, str]] | None = None,
+        gpu_resource: str = "nvidia.com/gpu",
     ) -> None:
-        """Register a Node, Ready, with ``gpus`` whole GPUs advertised."""
-        resources = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        """Register a Node, Ready, with ``gpus`` whole GPUs advertised (as its vendor's device
+        plugin would: ``gpu_resource``)."""
+        resources = {"cpu": "32", "memory": "128Gi", "pods": "110", gpu_resource: str(gpus)}
         node = {
             "apiVersion": "v1",
             "kind": "Node",

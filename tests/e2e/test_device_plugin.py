@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.e2e.conftest import Cluster, until
+from tests.e2e.conftest import Cluster, extra_node, until
 from tests.e2e.edgegpu import Agent
 
 POOL = {"edgegpu.io/e2e-pool": "device-plugin"}
@@ -20,21 +20,16 @@ NODE = "dp-0"
 
 @pytest.fixture
 def plugin_node(cluster: Cluster) -> Iterator[Agent]:
-    labels = {**POOL, "accelerator": "nvidia-tesla", "edgegpu.io/rack": "rack-c"}
-    cluster.kubelet.add_node(NODE, gpus=2, labels=labels)
     folder = cluster.cp.folder / "dp-0-device-plugins"
-    manager = cluster.kubelet.attach_device_manager(NODE, folder)
-    agent = Agent(cluster.cp, NODE, 2, [e.ingest_url for e in cluster.extenders], seed=11,
-                  extra_args=["--load-pct", "0", "--model", "Tesla T4", "--device-plugin",
-                              "--kubelet-dir", str(folder)])  # fmt: skip
-    agent.start()
-    try:
+    args = ["--model", "Tesla T4", "--device-plugin", "--kubelet-dir", str(folder)]
+
+    def attach() -> None:
+        cluster.kubelet.attach_device_manager(NODE, folder)
+
+    with extra_node(cluster, NODE, 2, args, labels=POOL, before_agent=attach) as agent:
+        manager = cluster.kubelet.device_managers[NODE]
         manager.wait(lambda e: e["event"] == "devices" and e["devices"], 60.0)
         yield agent
-    finally:
-        agent.stop()
-        cluster.kubelet.silence(NODE)
-        cluster.cp.request("DELETE", f"/api/v1/nodes/{NODE}")
 
 
 def test_a_block_pod_gets_the_gpu_chosen_at_bind_and_the_plugin_survives_a_kubelet_restart(

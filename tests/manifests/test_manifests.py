@@ -17,7 +17,7 @@ from node_agent.config import AgentSettings
 from scheduler_extender.api.app import create_app
 from scheduler_extender.cli import _parser as extender_parser, settings_from
 from scheduler_extender.config import ExtenderSettings
-from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCE
+from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCES
 from scheduler_extender.policy.document import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_the_scheduler_config_matches_the_extender_routes_and_resources():
     assert ext["weight"] > 0 and ext["nodeCacheCapable"] is True
     assert ext["httpTimeout"].endswith("s")
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
-    assert managed == {MEM_BLOCK_RESOURCE: True, WHOLE_GPU_RESOURCE: False}
+    assert managed == {MEM_BLOCK_RESOURCE: True, **dict.fromkeys(WHOLE_GPU_RESOURCES, False)}
     service = by_kind("Service", "edgegpu-extender")
     host, port = ext["urlPrefix"].removeprefix("http://").split(":")
     assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
