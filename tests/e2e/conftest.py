@@ -312,3 +312,8 @@ def extra_node(
         agent.stop()
         cluster.kubelet.silence(name)
         cluster.cp.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+def reported(cluster: Cluster, node: str) -> bool:
+    """Whether every replica has a report of ``node``'s GPUs."""
+    return all((e.get(f"/debug/nodes/{node}") or {}).get("gpus") for e in cluster.extenders)

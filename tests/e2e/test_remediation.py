@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Cluster, until
+from tests.e2e.conftest import Cluster, reported, until
 from tests.e2e.edgegpu import Agent
 from tests.e2e.test_policy_and_auth import patch_policy
 from tests.e2e.test_resilience import lease_holder
@@ -96,7 +96,7 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
     replicas = 2
     _start(cluster, pool, "fault-0", "steady")
     until("fault-0 reported to every replica",
-          lambda: all(e.get("/debug/nodes/fault-0") for e in cluster.extenders), 60.0)  # fmt: skip
+          lambda: reported(cluster, "fault-0"), 60.0)  # fmt: skip
     resp = cluster.cp.request(
         "POST",
         f"/apis/apps/v1/namespaces/{ns}/deployments",
@@ -108,7 +108,7 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
     first = set(_running_on(_pods(cluster, ns), "fault-0"))
     _start(cluster, pool, "spare-0", "steady")
     until("spare-0 reported to every replica",
-          lambda: all(e.get("/debug/nodes/spare-0") for e in cluster.extenders), 60.0)  # fmt: skip
+          lambda: reported(cluster, "spare-0"), 60.0)  # fmt: skip
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False,
                                             "maxUnavailablePercent": 50}})  # fmt: skip
     until("remediation enabled on every replica", lambda: _policy_in_force(cluster, True), 30.0)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.e2e.conftest import Cluster, extra_node, until
+from tests.e2e.conftest import Cluster, extra_node, reported, until
 from tests.e2e.edgegpu import Agent
 
 NODE = "amd-0"
@@ -17,7 +17,7 @@ def amd_node(cluster: Cluster) -> Iterator[Agent]:
     args = ["--model", "AMD Instinct MI210"]
     with extra_node(cluster, NODE, 2, args, gpu_resource="amd.com/gpu") as agent:
         until("amd-0 reported to every replica",
-              lambda: all(e.get(f"/debug/nodes/{NODE}") for e in cluster.extenders), 60.0)  # fmt: skip
+              lambda: reported(cluster, NODE), 60.0)  # fmt: skip
         yield agent
 
 
