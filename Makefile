@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check proto bench bench-quick bench-e2e bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check proto bench bench-quick bench-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ $(BENCH_STAMP): $(STAMP)
 bench-e2e: $(STAMP) ## the real kube-scheduler with and without the extender, 1k and 5k nodes (benchmarks/results/e2e.json)
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	$(PY) -m benchmarks.e2e $(BENCH_ARGS)
+
+bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation, whole GPUs vs memory blocks (benchmarks/results/sharing.json, seconds)
+	$(PY) -m benchmarks.sharing $(BENCH_ARGS)
 
 bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
 	$(PY) -m benchmarks.latency --quick

@@ -189,28 +189,6 @@ class Remediator:
         return True
 
     # -- memory budgets -----------------------------------------------------------------------
-    def over_budget(self) -> dict[str, tuple[Assignment, float, float]]:
-        """Pods whose processes use more GPU memory than their blocks: uid → (pod, MiB, budget)."""
-        block_mib = self.state.policy.spec.memory.block_mib
-        out: dict[str, tuple[Assignment, float, float]] = {}
-        for node in self.state.store.nodes():
-            record = self.state.store.get(node)
-            if record is None:
-                continue
-            for g in record.report.gpus:
-                used_by: dict[str, float] = {}
-                for proc in g.processes:
-                    if proc.pod_uid and proc.used_mib is not None:
-                        used_by[proc.pod_uid] = used_by.get(proc.pod_uid, 0.0) + proc.used_mib
-                for uid, used in used_by.items():
-                    a = self.state.allocations.get(uid)
-                    if a is None or a.whole or not a.mem_blocks:
-                        continue
-                    budget = float(a.mem_blocks * block_mib)
-                    if used > budget:
-                        out[uid] = (a, used, budget)
-        return out
-
     async def budgets(self) -> None:
         """A warning Event as soon as a pod is seen over its blocks.
 
@@ -219,7 +197,7 @@ class Remediator:
         """
         spec = self.state.policy.spec
         now = self.state.clock.monotonic()
-        over = self.over_budget()
+        over = over_budget(self.state)
         self._over = {uid: t for uid, t in self._over.items() if uid in over}
         for uid, (pod, used, budget) in over.items():
             message = (
@@ -553,6 +531,29 @@ class Remediator:
                 await self.step()
             except Exception:
                 log.exception("remediation round failed; carrying on")
+
+
+def over_budget(state: ClusterState) -> dict[str, tuple[Assignment, float, float]]:
+    """Pods whose processes use more GPU memory than their blocks: uid → (pod, MiB, budget)."""
+    block_mib = state.policy.spec.memory.block_mib
+    out: dict[str, tuple[Assignment, float, float]] = {}
+    for node in state.store.nodes():
+        record = state.store.get(node)
+        if record is None:
+            continue
+        for g in record.report.gpus:
+            used_by: dict[str, float] = {}
+            for proc in g.processes:
+                if proc.pod_uid and proc.used_mib is not None:
+                    used_by[proc.pod_uid] = used_by.get(proc.pod_uid, 0.0) + proc.used_mib
+            for uid, used in used_by.items():
+                a = state.allocations.get(uid)
+                if a is None or a.whole or not a.mem_blocks:
+                    continue
+                budget = float(a.mem_blocks * block_mib)
+                if used > budget:
+                    out[uid] = (a, used, budget)
+    return out
 
 
 DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
