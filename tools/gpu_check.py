@@ -1,11 +1,12 @@
-"""``make gpu-check``: the agent's checks on a machine with a real NVIDIA GPU.
+"""``make gpu-check``: the agent's checks on a machine with a real GPU (NVIDIA, else AMD).
 
-1. NVML backend: open, read every GPU, node checks, XID poll (what ``--once --print`` sends).
+1. The backend present (NVML, else amdsmi): open, read every GPU, node checks, XID poll (what
+   ``--once --print`` sends).
 2. Power-limit dry run: the limits NVML allows and what thermal protection and power saving
    would set, planned but not applied; the GPU's settings are read before and after and must
    be the same.
-3. CUDA context probe on every GPU (create + destroy, timed).
-4. The agent itself: ``--backend nvml --once --print --dry-run``.
+3. CUDA context probe on every GPU (create + destroy, timed; NVIDIA only).
+4. The agent itself: ``--backend <that backend> --once --print --dry-run``.
 Prints what it saw; exits 0 when every step ran, 1 otherwise, 2 without a GPU. Well under 5 min.
 """
 
@@ -19,6 +20,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from node_agent.backends.amd import AmdBackend
+from node_agent.backends.base import GpuBackend
 from node_agent.backends.nvml import NvmlBackend
 from node_agent.cuda_probe import CudaProbe
 from node_agent.errors import BackendUnavailable
@@ -28,7 +31,7 @@ from node_agent.power import IDLE, PowerArgs, plan
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _settings(b: NvmlBackend, i: int) -> tuple[float | None, float | None]:
+def _settings(b: GpuBackend, i: int) -> tuple[float | None, float | None]:
     r = b.read(i)
     return r.power_limit_w, r.sm_clock_mhz if r.sm_clock_mhz is None else r.sm_clock_max_mhz
 
@@ -37,14 +40,21 @@ def main() -> int:
     """Run every step and print what it saw."""
     ok = True
     started = time.monotonic()
-    backend = NvmlBackend(cuda_probe=None)
-    try:
-        backend.open()
-    except BackendUnavailable as exc:
-        print(f"gpu-check: no NVIDIA GPU here: {exc}")
+    backend: GpuBackend | None = None
+    tried = []
+    for candidate in (NvmlBackend(cuda_probe=None), AmdBackend()):
+        try:
+            candidate.open()
+        except BackendUnavailable as exc:
+            tried.append(f"{candidate.name}: {exc}")
+            continue
+        backend = candidate
+        break
+    if backend is None:
+        print("gpu-check: no GPU here (" + "; ".join(tried) + ")")
         return 2
     try:
-        print(f"== 1. NVML sampling: {backend.device_count()} GPU(s)")
+        print(f"== 1. {backend.name} sampling: {backend.device_count()} GPU(s)")
         for i in range(backend.device_count()):
             t0 = time.perf_counter()
             reading = backend.read(i)
@@ -89,10 +99,12 @@ def main() -> int:
 
         print("== 3. CUDA context probe")
         probe = CudaProbe()
-        if not probe.available:
+        if backend.name != "nvml":
+            print("   not an NVIDIA GPU: skipped")
+        elif not probe.available:
             print("   libcuda not found")
             ok = False
-        for i in range(backend.device_count() if probe.available else 0):
+        for i in range(backend.device_count() if probe.available and backend.name == "nvml" else 0):
             t0 = time.perf_counter()
             result = probe.probe(i)
             ms = (time.perf_counter() - t0) * 1000
@@ -101,11 +113,12 @@ def main() -> int:
     finally:
         backend.close()
 
-    print("== 4. Agent: --backend nvml --once --print --dry-run")
+    print(f"== 4. Agent: --backend {backend.name} --once --print --dry-run")
     env = {**os.environ, "NODE_NAME": os.environ.get("NODE_NAME") or os.uname().nodename}
+    probe_args = ["--cuda-probe-interval-s", "1"] if backend.name == "nvml" else []
     proc = subprocess.run(
-        [sys.executable, "-m", "node_agent", "--backend", "nvml", "--once", "--print",
-         "--dry-run", "--cuda-probe-interval-s", "1"],
+        [sys.executable, "-m", "node_agent", "--backend", backend.name, "--once", "--print",
+         "--dry-run", *probe_args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     print(proc.stdout)
