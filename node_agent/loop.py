@@ -149,6 +149,8 @@ class Agent:
         self.device_plugin: BlockPlugin | None = None
         self._blocks: dict[str, int] = {}
         """By GPU uuid: its block count when last read (kept while the GPU is lost)."""
+        self._uuid_at: dict[int, str] = {}
+        """By index: the uuid last read there (a lost GPU reads under a placeholder)."""
         self.self_test: dict[str, str] | None = None
         """The verdict of the last self-test the extender asked for: id, verdict, detail."""
         self._testing: asyncio.Task[None] | None = None
@@ -369,14 +371,22 @@ class Agent:
         return Round(report, actions, outcome)
 
     def _block_devices(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> list[GpuBlocks]:
-        """Each GPU's memory blocks for kubelet; a lost GPU keeps its blocks, unhealthy."""
+        """Each NVIDIA GPU's memory blocks for kubelet; a lost GPU keeps its uuid and blocks.
+
+        NVIDIA only: the container gets its GPU through ``NVIDIA_VISIBLE_DEVICES``.
+        """
         out = []
         for r in snap.readings:
-            if r.memory_total_mib is not None and not r.lost:
-                self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
+            if r.vendor not in (None, "nvidia"):
+                continue
+            uuid = self._uuid_at.get(r.index, r.uuid) if r.lost else r.uuid
+            if not r.lost:
+                self._uuid_at[r.index] = r.uuid
+                if r.memory_total_mib is not None:
+                    self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
             h = healths.get(r.index)
             healthy = not r.lost and (h is None or h.level != "unhealthy")
-            out.append(GpuBlocks(r.uuid, self._blocks.get(r.uuid, 0), healthy))
+            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy))
         return out
 
     # -- the extender's policy and requests ----------------------------------------------------

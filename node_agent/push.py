@@ -226,6 +226,7 @@ class Pusher:
                             int(r["blocks"]),
                             float(r["assigned_at"]),
                             r.get("phase"),
+                            tuple(int(b) for b in r.get("containers") or ()),
                         )
                         for r in rows
                         if r.get("gpu_uuids") and r["gpu_uuids"][0]

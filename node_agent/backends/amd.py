@@ -30,6 +30,9 @@ log = logging.getLogger("node_agent.amd")
 MIB: Final = 1024 * 1024
 _NOT_SUPPORTED: Final = 2
 _NO_PERM: Final = 10
+LOST_AFTER_ERRORS: Final = 4
+"""A GPU whose identity still reads but this many other reads fail (not as unsupported) is
+lost: a GPU gone from the bus can leave its cached uuid behind."""
 AMD_TOOLS: Final = (("amd-smi", ["amd-smi", "list"]), ("rvs", ["rvs", "-g"]))
 """The self-test's tools on an AMD node: the GPUs answer amd-smi and the ROCm Validation Suite."""
 
@@ -54,6 +57,8 @@ class AmdBackend:
         self._handles: list[Any] = []
         self._limits: dict[int, PowerLimits | None] = {}
         self._opened = False
+        self._failed = 0
+        """Reads of the current GPU that failed with something other than not supported."""
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -98,12 +103,13 @@ class AmdBackend:
 
     # -- reads ------------------------------------------------------------------------------
     def _field(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call amdsmi; any error of one field → None (logged unless not supported)."""
+        """Call amdsmi; any error of one field → None (counted unless not supported)."""
         smi = self._smi
         try:
             return fn(*args)
         except smi.AmdSmiLibraryException as exc:
             if exc.get_error_code() != _NOT_SUPPORTED:
+                self._failed += 1
                 log.debug("%s: %s", getattr(fn, "__name__", fn), exc)
             return None
 
@@ -132,6 +138,7 @@ class AmdBackend:
         except smi.AmdSmiLibraryException as exc:
             log.error("gpu %d is lost: %s", index, exc)
             return GpuReading(index=index, uuid=f"AMD-index-{index}", vendor="amd", lost=True)
+        self._failed = 0
         asic = self._field(smi.amdsmi_get_gpu_asic_info, h) or {}
         power = self._field(smi.amdsmi_get_power_info, h) or {}
         activity = self._field(smi.amdsmi_get_gpu_activity, h) or {}
@@ -143,6 +150,9 @@ class AmdBackend:
         watts = _number(power.get("current_socket_power"))
         if watts is None:
             watts = _number(power.get("average_socket_power"))
+        if self._failed >= LOST_AFTER_ERRORS:
+            log.error("gpu %d is lost: %d reads failed", index, self._failed)
+            return GpuReading(index=index, uuid=str(uuid), vendor="amd", lost=True)
         cap_uw = _number(cap.get("power_cap"))
         uncorrected = _number(ecc.get("uncorrectable_count"))
         return GpuReading(

@@ -32,6 +32,8 @@ SOCKET = "edgegpu-gpu-mem-block.sock"
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+LOOKUP_TIMEOUT_S = 2.0
+"""How long admission may wait for the extender's assignments (then: tightest fit)."""
 CLAIM_TTL_S = 600.0
 """A pod matched to an allocation is not matched again for this long (kubelet admits a pod
 once; if its allocation failed, the pod is retried after this)."""
@@ -57,6 +59,8 @@ class Assigned:
     blocks: int
     assigned_at: float
     phase: str | None
+    containers: tuple[int, ...] = ()
+    """Blocks each container asks for (kubelet allocates per container); empty: ``blocks``."""
 
 
 Lookup = Callable[[], Awaitable[list[Assigned] | None]]
@@ -202,7 +206,12 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     # -- matching a request to the pod ------------------------------------------------------
     async def _safe_lookup(self) -> list[Assigned]:
         try:
-            found = await self._lookup()
+            # kubelet admits pods one at a time and waits on us: never long.
+            async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+                found = await self._lookup()
+        except TimeoutError:
+            log.warning("no extender answered within %g s", LOOKUP_TIMEOUT_S)
+            found = None
         except Exception as exc:
             log.warning("assignments lookup failed: %s", exc)
             return []
@@ -211,18 +220,23 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         return found or []
 
     def _claim(self, assigned: list[Assigned], size: int) -> str | None:
-        """The GPU of the oldest pending pod asking ``size`` blocks not matched yet."""
+        """The GPU of the oldest pending pod with a container asking ``size`` blocks.
+
+        Each container is matched once (kubelet allocates per container).
+        """
         now = self._clock()
-        self._claimed = {u: t for u, t in self._claimed.items() if now - t < CLAIM_TTL_S}
+        self._claimed = {k: t for k, t in self._claimed.items() if now - t < CLAIM_TTL_S}
         pending = [
-            a
+            (a, k)
             for a in assigned
-            if a.blocks == size and a.phase in (None, "Pending") and a.uid not in self._claimed
+            if a.phase in (None, "Pending")
+            for k, blocks in enumerate(a.containers or (a.blocks,))
+            if blocks == size and f"{a.uid}/{k}" not in self._claimed
         ]
         if not pending:
             return None
-        pod = min(pending, key=lambda a: (a.assigned_at, a.uid))
-        self._claimed[pod.uid] = now
+        pod, k = min(pending, key=lambda p: (p[0].assigned_at, p[0].uid, p[1]))
+        self._claimed[f"{pod.uid}/{k}"] = now
         log.info("preferred allocation for %s/%s: %s", pod.namespace, pod.name, pod.gpu_uuid)
         return pod.gpu_uuid
 
@@ -279,7 +293,7 @@ class DevicePluginServer:
         log.info("registered %s with kubelet (%s)", self.resource, self.path)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve and stay registered until ``stop``; no error ends it."""
+        """Serve and stay registered until ``stop``; no error ends it (nor the agent)."""
         warned = False
         while not stop.is_set():
             kubelet = self._kubelet_id()
@@ -290,23 +304,31 @@ class DevicePluginServer:
                 await _sleep(stop, self.poll_s)
                 continue
             warned = False
-            server = grpc.aio.server()
-            api_pb2_grpc.add_DevicePluginServicer_to_server(self.plugin, server)  # type: ignore[no-untyped-call]
-            self.path.unlink(missing_ok=True)
-            server.add_insecure_port(f"unix://{self.path}")
-            await server.start()
             try:
-                await self._register()
-                while not stop.is_set() and self.path.exists() and self._kubelet_id() == kubelet:
-                    await _sleep(stop, self.poll_s)
-                if not stop.is_set():
-                    log.warning("kubelet restarted (or our socket was removed): registering again")
-            except grpc.aio.AioRpcError as exc:
-                log.warning("registering with kubelet failed: %s; retrying", exc.details())
-                await _sleep(stop, self.poll_s)
-            finally:
-                await server.stop(grace=0.5)
+                await self._serve(stop, kubelet)
+            except Exception as exc:  # a folder it cannot write, a path too long for a socket
+                log.error("device plugin on %s: %s; trying again", self.path, exc)
+                await _sleep(stop, max(self.poll_s, 5.0))
         self.path.unlink(missing_ok=True)
+
+    async def _serve(self, stop: asyncio.Event, kubelet: tuple[int, int]) -> None:
+        """One server's life: until kubelet restarts, our socket goes, or ``stop``."""
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.plugin, server)  # type: ignore[no-untyped-call]
+        self.path.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix://{self.path}")
+        await server.start()
+        try:
+            await self._register()
+            while not stop.is_set() and self.path.exists() and self._kubelet_id() == kubelet:
+                await _sleep(stop, self.poll_s)
+            if not stop.is_set():
+                log.warning("kubelet restarted (or our socket was removed): registering again")
+        except grpc.aio.AioRpcError as exc:
+            log.warning("registering with kubelet failed: %s; retrying", exc.details())
+            await _sleep(stop, self.poll_s)
+        finally:
+            await server.stop(grace=0.5)
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

@@ -14,7 +14,10 @@ from typing import Any
 import orjson
 
 from scheduler_extender.api.context import AppContext
+from scheduler_extender.errors import RequestError
 from scheduler_extender.k8s.auth import AuthError, Identity
+from scheduler_extender.k8s.translate import per_container
+from scheduler_extender.names import MEM_BLOCK_RESOURCE
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 from scheduler_extender.telemetry.store import PutResult, Received
 
@@ -180,10 +183,16 @@ async def assignments(
     refused = authorize(ctx, identity, node)
     if refused is not None:
         return refused
+    if ctx.sync is not None and not ctx.sync.synced:
+        return _error(503, "the pod cache is not synced yet: ask another replica")
     pods = ctx.sync.pods if ctx.sync is not None else {}
     rows = []
     for a in ctx.state.allocations.on_node(node):
         pod = pods.get((a.namespace, a.name)) or {}
+        try:
+            containers = [b for b in per_container(pod, MEM_BLOCK_RESOURCE, a.name) if b]
+        except RequestError:
+            containers = []
         rows.append(
             {
                 "namespace": a.namespace,
@@ -195,6 +204,7 @@ async def assignments(
                 "whole": a.whole,
                 "assigned_at": a.assigned_at,
                 "phase": (pod.get("status") or {}).get("phase"),
+                "containers": containers,
             }
         )
     block_mib = ctx.state.policy.spec.memory.block_mib

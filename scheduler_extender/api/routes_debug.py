@@ -205,6 +205,7 @@ async def debug_remediation(request: Request) -> JSONResponse:
     responses={
         401: {"description": "no bearer token, or one the API server does not know"},
         403: {"description": "a token for another node, or not loopback without agent auth"},
+        503: {"description": "this replica's pod cache is not synced yet"},
     },
 )
 async def node_assignments(node: str, request: Request) -> Response:

@@ -151,6 +151,19 @@ def group_of(labels: Mapping[str, Any]) -> str | None:
     return None
 
 
+def per_container(pod: Mapping[str, Any], resource: str, where: str) -> list[int]:
+    """How much of ``resource`` each app container asks for (0 where none), in order."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not isinstance(containers, list):
+        raise RequestError(f"{where}: spec.containers must be a list")
+    out = []
+    for i, container in enumerate(containers):
+        found = _container_value(container, resource, f"{where}: spec.containers[{i}]",
+                                 ("limits", "requests"))  # fmt: skip
+        out.append(0 if found is None else _quantity(*found))
+    return out
+
+
 def whole_gpus(pod: Mapping[str, Any], resources: Sequence[str], where: str) -> int:
     """Whole GPUs a pod asks for, whichever vendor's resource names them."""
     return sum(requested(pod, r, where) for r in resources)

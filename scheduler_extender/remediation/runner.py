@@ -508,6 +508,8 @@ class Remediator:
             self.records.clear()
             self._planned.clear()
             return []
+        now = self.state.clock.monotonic()
+        self._blocked = {k: v for k, v in self._blocked.items() if now - v[1] < 600.0}
         due = await self.migrate()
         await self.budgets()
         await self.faults_round()
@@ -534,13 +536,20 @@ class Remediator:
 
 
 def over_budget(state: ClusterState) -> dict[str, tuple[Assignment, float, float]]:
-    """Pods whose processes use more GPU memory than their blocks: uid → (pod, MiB, budget)."""
-    block_mib = state.policy.spec.memory.block_mib
+    """Pods whose processes use more GPU memory than their blocks: uid → (pod, MiB, budget).
+
+    From fresh reports only.
+    """
+    spec = state.policy.spec
+    block_mib = spec.memory.block_mib
+    now = state.clock.monotonic()
     out: dict[str, tuple[Assignment, float, float]] = {}
     for node in state.store.nodes():
         record = state.store.get(node)
         if record is None:
             continue
+        if now - record.received_at > spec.stale_telemetry.stale_after_s(record.report.interval_s):
+            continue  # an old sample: staleness alone never evicts
         for g in record.report.gpus:
             used_by: dict[str, float] = {}
             for proc in g.processes:

@@ -612,11 +612,11 @@ class ClusterState:
                 if ours:
                     # A pod's use explains memory up to its budget: what it uses past its blocks
                     # counts against the GPU (never less than the real use).
-                    explained = sum(
-                        min(mib, self._budget_mib(uid))
-                        for at, uid, mib in d.pods
-                        if at == i and uid in ours
-                    )
+                    by_pod: dict[str, float] = {}
+                    for at, uid, mib in d.pods:
+                        if at == i and uid in ours:
+                            by_pod[uid] = by_pod.get(uid, 0.0) + mib
+                    explained = sum(min(mib, self._budget_mib(uid)) for uid, mib in by_pod.items())
                     used = max(used - explained, 0.0)
                 unaccounted[i] = used
         if record is None and not blocks and not whole and node not in self.table:

@@ -43,9 +43,13 @@ def test_not_supported_reads_as_none_and_no_edge_sensor_means_the_hotspot() -> N
 
 
 def test_a_lost_gpu_reads_as_lost_and_the_others_still_read() -> None:
-    b = backend(FakeAmdGpu("GPU-a", lost=True), FakeAmdGpu("GPU-b"))
+    b = backend(
+        FakeAmdGpu("GPU-a", lost=True), FakeAmdGpu("GPU-b"), FakeAmdGpu("GPU-c", broken=True)
+    )
     assert b.read(0).lost and b.read(0).vendor == "amd"
     assert not b.read(1).lost and b.read(1).temperature_c == 45.0
+    gone = b.read(2)  # its uuid still reads, nothing else does
+    assert gone.lost and gone.uuid == "GPU-c"
 
 
 def test_power_caps_are_set_in_microwatts_within_the_boards_range() -> None:

@@ -230,3 +230,108 @@ def test_the_generated_modules_are_those_of_the_proto(tmp_path: Path) -> None:
     for name in ("api_pb2.py", "api_pb2_grpc.py"):
         fresh = (tmp_path / "node_agent" / "deviceplugin" / name).read_text()
         assert fresh == (root / "node_agent" / "deviceplugin" / name).read_text(), name
+
+
+async def test_a_lost_nvidia_gpu_keeps_its_blocks_unhealthy_and_other_vendors_have_none(
+    tmp_path: Path,
+) -> None:
+    from node_agent.backends.nvml import NvmlBackend
+    from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
+
+    for dev in ("nvidiactl", "nvidia0", "nvidia1"):
+        (tmp_path / dev).touch()
+    fake = FakePynvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
+    nvml = NvmlBackend(module=fake, dev_root=tmp_path)
+    agent = Agent(nvml, node="n1", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n1"),
+                  health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
+    nvml.open()
+    agent.device_plugin = BlockPlugin(_nothing, lambda: agent.block_mib)
+    await agent.round()
+    before = [(d.ID, d.health) for d in agent.device_plugin.devices()]
+    fake.gpus[1].lost = True
+    await agent.round()
+    after = {d.ID: d.health for d in agent.device_plugin.devices()}
+    assert set(after) == {i for i, _ in before}  # the same devices: none vanished
+    assert {h for i, h in after.items() if i.startswith("GPU-b::")} == {"Unhealthy"}
+    assert {h for i, h in after.items() if i.startswith("GPU-a::")} == {"Healthy"}
+    amd = SimulatedBackend(clock=lambda: 0.0, gpus=1, node="n2", model="AMD Instinct MI210")
+    amd.open()
+    other = Agent(amd, node="n2", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n2"),
+                  health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
+    other.device_plugin = BlockPlugin(_nothing, lambda: 4096)
+    await other.round()
+    assert other.device_plugin.devices() == []  # NVIDIA_VISIBLE_DEVICES would mean nothing there
+
+
+async def test_each_container_of_a_pod_is_matched_once() -> None:
+    assigned = [
+        Assigned("uid-two", "default", "two", "GPU-b", 2, 100.0, "Pending", (1, 1)),
+        Assigned("uid-one", "default", "one", "GPU-a", 1, 200.0, "Pending"),
+    ]
+
+    async def lookup() -> list[Assigned] | None:
+        return assigned
+
+    plugin = BlockPlugin(lookup, lambda: 4096)
+    await plugin.update(GPUS)
+    got = []
+    for _ in range(3):
+        request = api_pb2.PreferredAllocationRequest(container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=[d.ID for d in plugin.devices()], allocation_size=1)])  # fmt: skip
+        resp = await plugin.GetPreferredAllocation(request, None)
+        got.append(resp.container_responses[0].deviceIDs[0].split("::")[0])
+    assert got == ["GPU-b", "GPU-b", "GPU-a"]  # both containers of "two", then "one"
+
+
+async def test_a_lookup_that_hangs_does_not_hold_kubelet_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from node_agent.deviceplugin import plugin as module
+
+    async def hangs() -> list[Assigned] | None:
+        await asyncio.sleep(3600)
+        return []
+
+    monkeypatch.setattr(module, "LOOKUP_TIMEOUT_S", 0.05)
+    plugin = BlockPlugin(hangs, lambda: 4096)
+    await plugin.update(GPUS)
+    request = api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[d.ID for d in plugin.devices()], allocation_size=2)])  # fmt: skip
+    resp = await asyncio.wait_for(plugin.GetPreferredAllocation(request, None), 5.0)
+    assert len(resp.container_responses[0].deviceIDs) == 2
+
+
+async def test_a_socket_it_cannot_serve_does_not_end_the_agent(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * 120)  # past the 107 characters a unix socket path may have
+    long.mkdir()
+    kubelet = Kubelet(tmp_path)  # kubelet.sock in a short path, our socket in the long one
+    (long / "kubelet.sock").symlink_to(tmp_path / "kubelet.sock")
+    await kubelet.start()
+    server = DevicePluginServer(BlockPlugin(_nothing, lambda: 4096), long, poll_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    await asyncio.sleep(0.3)
+    assert not task.done()  # it logs and tries again; the agent goes on
+    stop.set()
+    await asyncio.wait_for(task, 10.0)
+    await kubelet.server.stop(grace=0)
+
+
+async def test_an_agent_sees_the_assignments_of_its_own_node_only(tmp_path: Path) -> None:
+    from scheduler_extender.k8s.auth import StaticTokenAuth
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("token-n1 n1\n")
+    app = create_app(auth=StaticTokenAuth(tokens))
+    transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        mine = await client.get("/v1/nodes/n1/assignments",
+                                headers={"authorization": "Bearer token-n1"})  # fmt: skip
+        theirs = await client.get("/v1/nodes/n2/assignments",
+                                  headers={"authorization": "Bearer token-n1"})  # fmt: skip
+        nobody = await client.get("/v1/nodes/n1/assignments")
+    assert mine.status_code == 200 and mine.json()["assignments"] == []
+    assert theirs.status_code == 403 and "n1" in theirs.json()["error"]
+    assert nobody.status_code == 401

@@ -125,8 +125,9 @@ async def test_assumed_blocks_expire_unless_telemetry_shows_the_pod(clock):
         assert await verdict(client) == "passed"
 
 
-async def _one_block_pod_using(clock, total_mib: float, used_mib: float) -> dict:
-    """/debug/nodes/a after a one-block pod was bound there and reported using ``used_mib``."""
+async def _one_block_pod_using(clock, total_mib: float, *used_mib: float) -> dict:
+    """/debug/nodes/a after a one-block pod was bound there and reported using ``used_mib``
+    (one process each)."""
     import httpx
 
     app = create_app(clock=clock, binder=RecordingBinder())
@@ -138,12 +139,14 @@ async def _one_block_pod_using(clock, total_mib: float, used_mib: float) -> dict
             "/bind",
             json={"PodName": "one", "PodNamespace": "default", "PodUID": "uid-one", "Node": "a"},
         )
-        process = {"pid": 7, "pod_uid": "uid-one", "used_mib": used_mib}
+        procs = [
+            {"pid": 7 + k, "pod_uid": "uid-one", "used_mib": u} for k, u in enumerate(used_mib)
+        ]
+        used = sum(used_mib)
         await client.post(
             "/v1/telemetry",
             json=report(
-                "a",
-                [gpu(0, memory_total_mib=total_mib, memory_used_mib=used_mib, processes=[process])],
+                "a", [gpu(0, memory_total_mib=total_mib, memory_used_mib=used, processes=procs)]
             ),
         )
         node: dict = (await client.get("/debug/nodes/a")).json()
@@ -190,3 +193,8 @@ async def test_a_pod_using_more_than_its_blocks_is_counted_at_its_real_use(clock
     free, not the three its reservation alone would leave."""
     node = await _one_block_pod_using(clock, 16384.0, 12288.0)
     assert node["gpus"][0]["free_blocks"] == 1  # 4 blocks − its 1 − 2 more it uses
+
+
+async def test_a_pod_over_its_blocks_in_several_processes_is_counted_as_one(clock):
+    node = await _one_block_pod_using(clock, 16384.0, 3000.0, 3000.0)
+    assert node["gpus"][0]["free_blocks"] == 2  # 4 − its 1 − ceil(1904 / 4096) it uses beyond

@@ -73,6 +73,8 @@ class FakeAmdGpu:
     processes: list[dict[str, Any]] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    broken: bool = False
+    """Every call but the uuid fails (the library keeps a gone GPU's identity)."""
     no_permission: bool = False
     cap_calls: list[int] = field(default_factory=list)
 
@@ -86,7 +88,7 @@ def build(gpus: list[FakeAmdGpu]) -> types.ModuleType:
         if not state["init"]:
             raise AmdSmiLibraryException(32)  # AMDSMI_STATUS_NOT_INIT
         g = gpus[handle]
-        if g.lost:
+        if g.lost or (g.broken and what != "uuid"):
             raise AmdSmiLibraryException(AMDSMI_STATUS_DRM_ERROR)
         if what in g.unsupported:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)

@@ -412,3 +412,17 @@ async def test_a_pod_over_its_blocks_is_warned_at_once_and_evicted_after_the_gra
     sample()
     await r.step()
     assert c.pods() == {"small"}
+
+
+def test_an_old_sample_is_no_ground_for_an_over_budget_eviction(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    from scheduler_extender.remediation.runner import over_budget
+
+    c = Cluster(kube, kubeconfig, count=1)
+    c.pod("big", "n0", 0, QosClass.INFERENCE)
+    procs = [{"pid": 1, "pod_uid": "uid-big", "used_mib": 6000.0}]
+    c.state.ingest(report_from(report("n0", [gpu(0, processes=procs), gpu(1)], seq=99)))
+    assert set(over_budget(c.state)) == {"uid-big"}
+    c.clock.advance(60.0)  # the edge link dropped: the last sample stays, and ages
+    assert over_budget(c.state) == {}

@@ -137,12 +137,26 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 		if err != nil {
 			return map[string]any{"event": "error", "pod": pod, "error": err.Error()}
 		}
-		chosen = pref.ContainerResponses[0].DeviceIDs
+		if len(pref.ContainerResponses) != 1 {
+			return map[string]any{"event": "error", "pod": pod, "error": "no preferred allocation for the container"}
+		}
+		// As kubelet: only available devices count, and the rest is filled up to size.
+		seen := map[string]bool{}
+		chosen = nil
+		for _, id := range append(pref.ContainerResponses[0].DeviceIDs, available...) {
+			if len(chosen) < size && !seen[id] && contains(available, id) {
+				seen[id] = true
+				chosen = append(chosen, id)
+			}
+		}
 	}
 	resp, err := p.client.Allocate(ctx, &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: chosen}}})
 	if err != nil {
 		return map[string]any{"event": "error", "pod": pod, "error": err.Error()}
+	}
+	if len(resp.ContainerResponses) != 1 {
+		return map[string]any{"event": "error", "pod": pod, "error": "no allocation for the container"}
 	}
 	m.mu.Lock()
 	for _, id := range chosen {
@@ -150,6 +164,15 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 	}
 	m.mu.Unlock()
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *manager) serve() error {
