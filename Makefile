@@ -88,7 +88,7 @@ bench-openb-quick: $(BENCH_STAMP) ## OpenB trace replay: default trace, 3 seeds,
 bench-openb: $(BENCH_STAMP) ## OpenB replay: 17 traces x 10 seeds, every policy (long; results in benchmarks/results)
 	$(PY) -m benchmarks.openb --trace all --seeds 42-51 --json benchmarks/results/openb-all.json --png benchmarks/results/openb-all.png | tee benchmarks/results/openb-all.txt
 
-gpu-check: $(STAMP) ## on a machine with a GPU (NVIDIA, else AMD): real sampling, power-limit dry run, CUDA probe
+gpu-check: $(STAMP) ## on a machine with a GPU (NVIDIA, AMD or Intel): real sampling, power-limit dry run, CUDA probe
 	$(PY) -m tools.gpu_check
 	$(PY) -m pytest -m gpu tests/agent/test_nvml_real.py
 

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         description="edgegpu node agent. Every setting is also read from EDGEGPU_AGENT_<NAME> "
         "(the node name from NODE_NAME); a flag wins over its variable.",
     )
-    p.add_argument("--backend", choices=["nvml", "amd", "simulated", "jetson"])
+    p.add_argument("--backend", choices=["nvml", "amd", "intel", "simulated", "jetson"])
     p.add_argument("--extender-url", help="extender URL(s), comma-separated (every replica)")
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
     p.add_argument(
@@ -143,6 +143,8 @@ def _backend(settings: AgentSettings) -> GpuBackend:
         options = {"root": settings.sysfs_root}
     elif settings.backend == "amd":
         options = {"proc_root": settings.proc_root}
+    elif settings.backend == "intel":
+        options = {"dev_root": settings.dev_root}
     return load_backend(settings.backend, **options)
 
 

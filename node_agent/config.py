@@ -16,7 +16,7 @@ class AgentSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EDGEGPU_AGENT_", extra="forbid", frozen=True)
 
-    backend: str = Field("nvml", description="nvml | amd | simulated | jetson")
+    backend: str = Field("nvml", description="nvml | amd | intel | simulated | jetson")
     node_name: str = Field(
         min_length=1,
         validation_alias=AliasChoices("node_name", "NODE_NAME", "EDGEGPU_AGENT_NODE_NAME"),

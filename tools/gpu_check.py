@@ -1,7 +1,7 @@
-"""``make gpu-check``: the agent's checks on a machine with a real GPU (NVIDIA, else AMD).
+"""``make gpu-check``: the agent's checks on a machine with a real GPU (NVIDIA, AMD or Intel).
 
-1. The backend present (NVML, else amdsmi): open, read every GPU, node checks, XID poll (what
-   ``--once --print`` sends).
+1. The backend present (NVML, else amdsmi, else xpu-smi): open, read every GPU, node checks,
+   XID poll (what ``--once --print`` sends).
 2. Power-limit dry run: the limits NVML allows and what thermal protection and power saving
    would set, planned but not applied; the GPU's settings are read before and after and must
    be the same.
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from node_agent.backends.amd import AmdBackend
 from node_agent.backends.base import GpuBackend
+from node_agent.backends.intel import IntelBackend
 from node_agent.backends.nvml import NvmlBackend
 from node_agent.cuda_probe import CudaProbe
 from node_agent.errors import BackendUnavailable
@@ -42,7 +43,7 @@ def main() -> int:
     started = time.monotonic()
     backend: GpuBackend | None = None
     tried = []
-    for candidate in (NvmlBackend(cuda_probe=None), AmdBackend()):
+    for candidate in (NvmlBackend(cuda_probe=None), AmdBackend(), IntelBackend()):
         try:
             candidate.open()
         except BackendUnavailable as exc:

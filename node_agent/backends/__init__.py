@@ -1,7 +1,7 @@
 """Backend registry: one name → one lazily imported backend module.
 
-Adding a backend (``intel`` via Level Zero Sysman next) is one module implementing
-``base.GpuBackend`` and one line here; nothing else imports a vendor library.
+Adding a backend is one module implementing ``base.GpuBackend`` and one line here; nothing
+else imports a vendor library.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ REGISTRY: Final = {
     "simulated": ("node_agent.backends.simulated", "SimulatedBackend"),
     "jetson": ("node_agent.backends.jetson", "JetsonBackend"),
     "amd": ("node_agent.backends.amd", "AmdBackend"),
+    "intel": ("node_agent.backends.intel", "IntelBackend"),
 }
 
 

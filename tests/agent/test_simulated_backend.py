@@ -99,7 +99,7 @@ def test_unsupported_fields_are_none_and_setters_refuse():
 
 
 def test_unknown_backends_and_scenarios_name_the_choices():
-    with pytest.raises(BackendUnavailable, match="available: amd, jetson, nvml, simulated"):
-        load_backend("intel")
+    with pytest.raises(BackendUnavailable, match="available: amd, intel, jetson, nvml, simulated"):
+        load_backend("level-zero")
     with pytest.raises(BackendUnavailable, match="steady"):
         SimulatedBackend(clock=Clock(), scenario="meltdown")
