@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from node_agent.errors import NotSupported
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
 
 
@@ -64,3 +65,37 @@ class GpuBackend(Protocol):
     def self_test(self) -> dict[str, Any]:
         """The node's GPU self-test (``selftest.run_self_test``'s verdict document)."""
         ...
+
+
+class ReadOnlyControls:
+    """The control half of a backend that reads only.
+
+    No XIDs, and every control reported as not supported (the agent then does not try it again).
+    """
+
+    what = "this backend"
+    """Named in the not-supported messages."""
+
+    def poll_xids(self, now: float) -> list[XidEvent]:
+        """No XID equivalent is read."""
+        return []
+
+    def capabilities(self, index: int) -> Capabilities:
+        """Read-only."""
+        return Capabilities()
+
+    def power_limits(self, index: int) -> PowerLimits | None:
+        """No power limit range is read."""
+        return None
+
+    def set_power_limit_w(self, index: int, watts: float) -> None:
+        """Not supported."""
+        raise NotSupported(f"power limits are not implemented for {self.what}")
+
+    def lock_clocks_mhz(self, index: int, max_mhz: float) -> None:
+        """Not supported."""
+        raise NotSupported(f"clock locking is not implemented for {self.what}")
+
+    def reset_clocks(self, index: int) -> None:
+        """Not supported."""
+        raise NotSupported(f"clock locking is not implemented for {self.what}")

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from node_agent.errors import BackendUnavailable, NotSupported
-from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.backends.base import ReadOnlyControls
+from node_agent.errors import BackendUnavailable
+from node_agent.model import GpuReading, NodeChecks
 from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent.intel")
@@ -59,10 +60,11 @@ def _number(value: Any) -> float | None:
     return None
 
 
-class IntelBackend:
+class IntelBackend(ReadOnlyControls):
     """Intel Data Center / Flex / Arc GPUs read through xpu-smi."""
 
     name = "intel"
+    what = "Intel GPUs (yet)"
 
     def __init__(self, *, run: Run | None = None, dev_root: Path = Path("/dev")) -> None:
         self._run = run
@@ -148,31 +150,6 @@ class IntelBackend:
         return NodeChecks(
             driver_ok=self._driver_ok, device_nodes_ok=(self._dev_root / "dri").exists()
         )
-
-    def poll_xids(self, now: float) -> list[XidEvent]:
-        """No XID equivalent is read on Intel."""
-        return []
-
-    # -- control ----------------------------------------------------------------------------
-    def capabilities(self, index: int) -> Capabilities:
-        """Read-only for now."""
-        return Capabilities()
-
-    def power_limits(self, index: int) -> PowerLimits | None:
-        """Not read through this backend yet."""
-        return None
-
-    def set_power_limit_w(self, index: int, watts: float) -> None:
-        """Not through this backend yet."""
-        raise NotSupported("power limits are not implemented for Intel GPUs")
-
-    def lock_clocks_mhz(self, index: int, max_mhz: float) -> None:
-        """Not through this backend yet."""
-        raise NotSupported("clock locking is not implemented for Intel GPUs")
-
-    def reset_clocks(self, index: int) -> None:
-        """Not through this backend yet."""
-        raise NotSupported("clock locking is not implemented for Intel GPUs")
 
     def self_test(self) -> dict[str, Any]:
         """``xpu-smi diag`` level 1 on every GPU."""

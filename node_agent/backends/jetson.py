@@ -14,8 +14,9 @@ import re
 from pathlib import Path
 from typing import Any, Final
 
+from node_agent.backends.base import ReadOnlyControls
 from node_agent.errors import BackendUnavailable, NotSupported
-from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.model import GpuReading, NodeChecks
 from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent.jetson")
@@ -45,10 +46,11 @@ def _num(path: Path) -> float | None:
         return None
 
 
-class JetsonBackend:
+class JetsonBackend(ReadOnlyControls):
     """The integrated GPU of a Jetson module, read from sysfs."""
 
     name = "jetson"
+    what = "Jetson"
 
     def __init__(self, *, root: Path = Path("/"), load_file: str | None = None) -> None:
         self._root = root
@@ -164,29 +166,9 @@ class JetsonBackend:
             driver_ok=ok, device_nodes_ok=(self._root / "dev/nvhost-gpu").exists() or None
         )
 
-    def poll_xids(self, now: float) -> list[XidEvent]:
-        """No XID reporting on Jetson."""
-        return []
-
-    def capabilities(self, index: int) -> Capabilities:
-        """Read-only."""
-        return Capabilities()
-
-    def power_limits(self, index: int) -> PowerLimits | None:
-        """Power is managed by nvpmodel modes, not limits."""
-        return None
-
     def set_power_limit_w(self, index: int, watts: float) -> None:
         """Not supported."""
         raise NotSupported("Jetson power is set with nvpmodel modes, not a power limit")
-
-    def lock_clocks_mhz(self, index: int, max_mhz: float) -> None:
-        """Not supported (yet): devfreq max_freq would need root and care."""
-        raise NotSupported("clock locking is not implemented for Jetson")
-
-    def reset_clocks(self, index: int) -> None:
-        """Not supported."""
-        raise NotSupported("clock locking is not implemented for Jetson")
 
     def self_test(self) -> dict[str, Any]:
         """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
