@@ -12,9 +12,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
+from swagger_ui_bundle import swagger_ui_path
 
 from scheduler_extender import __version__
 from scheduler_extender.api import fast, routes_debug
@@ -138,8 +141,24 @@ def create_app(
         description="GPU-aware kube-scheduler extender: filter, prioritize, preempt, bind.",
         redirect_slashes=False,
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.ctx = ctx
+    # Swagger UI from a package, not a CDN: the page works on an air-gapped edge site. URLs are
+    # relative so that it also works behind a proxy path (the API server's service proxy).
+    app.mount("/docs/static", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="openapi.json",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url="docs/static/swagger-ui-bundle.js",
+            swagger_css_url="docs/static/swagger-ui.css",
+            swagger_favicon_url="docs/static/favicon-32x32.png",
+        )
+
     app.include_router(routes_debug.router)
     app.include_router(routes_debug.debug)
     app.fast = fast.FastRoutes(ctx, prefix=settings.path_prefix)

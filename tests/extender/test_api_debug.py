@@ -115,3 +115,13 @@ async def test_debug_endpoints_can_be_kept_to_loopback_or_turned_off():
                 assert ((await c.get(path)).status_code == 200) is shown, (mode, peer, path)
             assert (await c.get("/healthz")).status_code == 200
             assert (await c.get("/metrics")).status_code == 200
+
+
+async def test_the_docs_page_loads_swagger_ui_from_the_extender_not_a_cdn(client):
+    page = (await client.get("/docs")).text
+    assert "docs/static/swagger-ui-bundle.js" in page and "cdn" not in page.lower()
+    script = await client.get("/docs/static/swagger-ui-bundle.js")
+    css = await client.get("/docs/static/swagger-ui.css")
+    assert script.status_code == 200 and len(script.content) > 100_000
+    assert css.status_code == 200 and "swagger-ui" in css.text
+    assert (await client.get("/redoc")).status_code == 404
