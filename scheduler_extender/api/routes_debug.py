@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -181,6 +182,18 @@ async def debug_policy(request: Request) -> JSONResponse:
     """The GPUSchedulingPolicy with every default filled in, and where it came from."""
     ctx = get_ctx(request)
     return JSONResponse({"source": ctx.policy_source, "policy": ctx.state.policy.describe()})
+
+
+_STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
+
+
+@debug.get("/", include_in_schema=False)
+async def status_page() -> Response:
+    """A live status page: every node and GPU, and the fault loop.
+
+    Self-contained HTML that polls ``/debug/nodes`` and ``/debug/remediation``; no external assets.
+    """
+    return Response(_STATUS_PAGE, media_type="text/html; charset=utf-8")
 
 
 @debug.get("/debug/remediation", tags=["debug"], summary="The GPU fault loop's nodes")

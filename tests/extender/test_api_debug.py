@@ -125,3 +125,11 @@ async def test_the_docs_page_loads_swagger_ui_from_the_extender_not_a_cdn(client
     assert script.status_code == 200 and len(script.content) > 100_000
     assert css.status_code == 200 and "swagger-ui" in css.text
     assert (await client.get("/redoc")).status_code == 404
+
+
+async def test_the_status_page_is_self_contained_and_polls_the_debug_endpoints(client):
+    resp = await client.get("/")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    page = resp.text
+    assert 'fetch("debug/nodes")' in page and 'fetch("debug/remediation")' in page
+    assert "http://" not in page and "https://" not in page and "<link" not in page
