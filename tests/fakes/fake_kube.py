@@ -23,6 +23,8 @@ import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +58,9 @@ KINDS = {
     )
 }
 
+_SERVICE_PROXY = re.compile(
+    r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<svc>[^/]+)/proxy(?P<rest>/.*)?$"
+)
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
@@ -143,6 +148,9 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []
         self.fail_next: dict[tuple[str, str], int] = {}
         """(method, path regex) → status code to answer once (fault injection)."""
+        self.services: dict[tuple[str, str], str] = {}
+        """(namespace, service[:port]) → the URL its endpoints answer on, for the service proxy
+        (``/api/v1/namespaces/NS/services/NAME/proxy/PATH``, forwarded as the API server does)."""
         self.bookmark_interval_s = bookmark_interval_s
         self._watches: list[_Watch] = []
         self._server: ThreadingHTTPServer | None = None
@@ -345,6 +353,11 @@ class FakeKube:
                     raise ApiError(
                         code, HTTPStatus(code).phrase.replace(" ", ""), "injected failure"
                     )
+            proxied = _SERVICE_PROXY.match(url.path)
+            if proxied:
+                self._proxy(h, method, proxied["ns"], proxied["svc"], proxied["rest"] or "/",
+                            url.query, raw)  # fmt: skip
+                return
             if url.path == "/apis/authentication.k8s.io/v1/tokenreviews" and method == "POST":
                 self._send(h, 201, self._token_review(json.loads(raw)))
                 return
@@ -369,6 +382,25 @@ class FakeKube:
             self._send(h, exc.code, exc.status())
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _proxy(self, h: BaseHTTPRequestHandler, method: str, ns: str, svc: str, rest: str,
+               query: str, body: bytes) -> None:  # fmt: skip
+        base = self.services.get((ns, svc))
+        if base is None:
+            raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{svc}"')
+        target = base.rstrip("/") + rest + (f"?{query}" if query else "")
+        request = urllib.request.Request(target, data=body or None, method=method,
+                                         headers={"Content-Type": h.headers.get("Content-Type") or "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                code, out, kind = resp.status, resp.read(), resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as exc:
+            code, out, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
+        h.send_response(code)
+        h.send_header("Content-Type", kind or "application/octet-stream")
+        h.send_header("Content-Length", str(len(out)))
+        h.end_headers()
+        h.wfile.write(out)
 
     def _key(self, plural: str, ns: str, name: str) -> tuple[str, str, str]:
         return (plural, ns if KINDS[plural].namespaced else "", name)
