@@ -8,7 +8,13 @@ feasible node skips prioritize, and the call has a timeout (5 s by default).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -134,3 +140,29 @@ class HTTPExtenderHarness:
             )
         )
         return str(result.get("error") or "")
+
+
+@contextmanager
+def extender_process(port: int) -> Iterator[str]:
+    """``python -m scheduler_extender`` on 127.0.0.1:``port`` (no cluster), once it answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_extender", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{base}/healthz", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 
 from tests.builders import gpu, report
 from tests.e2e.controlplane import free_port
+from tests.harness import extender_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -23,23 +22,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_headless_chromium_shows_every_gpu_and_the_hot_one(tmp_path: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_extender", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    with extender_process(free_port()) as base:
         body = report("edge-7", [gpu(0, model="Tesla T4"), gpu(1, temperature_c=93.0)])
         assert httpx.post(f"{base}/v1/telemetry", json=body, timeout=5).status_code == 200
         dom = subprocess.run(
@@ -50,6 +33,3 @@ def test_headless_chromium_shows_every_gpu_and_the_hot_one(tmp_path: Path) -> No
         assert "1 nodes, 2 GPUs" in dom, dom[-2000:]
         assert "edge-7" in dom and "Tesla T4" in dom
         assert 'class="num hot"' in dom  # GPU 1 at 93 °C is marked hot
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

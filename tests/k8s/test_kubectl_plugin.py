@@ -4,9 +4,6 @@ the service proxy as kubectl plugins do (issue 29)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,34 +14,18 @@ from scheduler_extender import kubectl
 from tests.builders import gpu, report
 from tests.e2e.controlplane import free_port
 from tests.fakes.fake_kube import FakeKube
+from tests.harness import extender_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def extender() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler_extender", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "the extender did not start"
-                time.sleep(0.2)
+    with extender_process(free_port()) as base:
         body = report("edge-1", [gpu(0, model="Tesla T4"), gpu(1, temperature_c=93.0,
                                  health="unhealthy", health_reasons=["xid:79"])])  # fmt: skip
         httpx.post(f"{base}/v1/telemetry", json=body, timeout=5).raise_for_status()
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
