@@ -16,7 +16,6 @@ from tests.builders import gpu, report
 from tests.e2e.controlplane import free_port
 from tests.harness import extender_process
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

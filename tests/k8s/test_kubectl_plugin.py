@@ -16,8 +16,6 @@ from tests.e2e.controlplane import free_port
 from tests.fakes.fake_kube import FakeKube
 from tests.harness import extender_process
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def extender() -> Iterator[str]:
