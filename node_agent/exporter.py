@@ -11,13 +11,56 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from node_agent.model import GpuHealth, GpuReading, NodeChecks
 
 HEALTH_VALUE = {"healthy": 0.0, "degraded": 1.0, "unhealthy": 2.0}
 _LABELS = ["device", "uuid", "model", "node"]
+
+
+MAX_STEP_S = 60.0
+"""A gap between two samples longer than this (an agent stall) adds no energy: power between
+them is unknown."""
+
+
+@dataclass(slots=True)
+class EnergyMeter:
+    """Joules each GPU has drawn since the agent started, and each pod's share of them.
+
+    Trapezoidal integration of the sampled power. A pod's share of an interval is its share of
+    the memory that the GPU's processes hold (NVML gives no per-process power; memory is the
+    share every backend reports): a GPU with no process mapped to a pod attributes its energy to
+    no pod, so the pods' sum can be less than the GPU's.
+    """
+
+    gpu_j: dict[str, float] = field(default_factory=dict)
+    """By GPU uuid."""
+    pod_j: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """By (GPU uuid, pod uid, container)."""
+    _last: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, readings: list[GpuReading], now: float) -> None:
+        """Account one sample of every GPU taken at ``now`` (monotonic seconds)."""
+        for r in readings:
+            if r.lost or r.power_w is None:
+                self._last.pop(r.uuid, None)
+                continue
+            last = self._last.get(r.uuid)
+            self._last[r.uuid] = (now, r.power_w)
+            if last is None or not 0 < now - last[0] <= MAX_STEP_S:
+                continue
+            joules = (now - last[0]) * (last[1] + r.power_w) / 2.0
+            self.gpu_j[r.uuid] = self.gpu_j.get(r.uuid, 0.0) + joules
+            held = [
+                (p.pod_uid, p.container or "", p.used_mib or 0.0) for p in r.processes if p.pod_uid
+            ]
+            total = sum(mib for _, _, mib in held)
+            for uid, container, mib in held:
+                if total > 0 and mib > 0:
+                    key = (r.uuid, uid, container)
+                    self.pod_j[key] = self.pod_j.get(key, 0.0) + joules * mib / total
 
 
 @dataclass(slots=True)
@@ -30,6 +73,7 @@ class LatestView:
     checks: NodeChecks = field(default_factory=NodeChecks)
     saving: dict[int, bool] = field(default_factory=dict)
     thermal_cap_w: dict[int, float | None] = field(default_factory=dict)
+    energy: EnergyMeter = field(default_factory=EnergyMeter)
 
 
 _GAUGES = (
@@ -48,7 +92,7 @@ class _GpuCollector(Collector):
     def __init__(self, view: LatestView) -> None:
         self.view = view
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         view = self.view
         families = {
             name: GaugeMetricFamily(name, doc, labels=_LABELS) for name, doc, _, _ in _GAUGES
@@ -101,6 +145,26 @@ class _GpuCollector(Collector):
         yield capped
         yield by_pod
         yield info
+        gpu_energy = CounterMetricFamily(
+            "edgegpu_gpu_energy_joules", "Energy the GPU drew since the agent started.",
+            labels=_LABELS,
+        )  # fmt: skip
+        pod_energy = CounterMetricFamily(
+            "edgegpu_pod_gpu_energy_joules",
+            "A pod's share of its GPU's energy, by the memory its processes hold on it.",
+            labels=[*_LABELS, "pod_uid", "container"],
+        )
+        labels_of = {
+            r.uuid: [str(r.index), r.uuid, r.model or "", view.node] for r in view.readings
+        }
+        for uuid, joules in sorted(view.energy.gpu_j.items()):
+            if uuid in labels_of:
+                gpu_energy.add_metric(labels_of[uuid], joules)
+        for (uuid, uid, container), joules in sorted(view.energy.pod_j.items()):
+            if uuid in labels_of:
+                pod_energy.add_metric([*labels_of[uuid], uid, container], joules)
+        yield gpu_energy
+        yield pod_energy
         ratio = GaugeMetricFamily(
             "node_gpu_cuda_context_success_ratio",
             "Share of recent CUDA context create/destroy probes that succeeded.",

@@ -338,6 +338,7 @@ class Agent:
     def _export(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> None:
         view = self.metrics.view
         view.readings = list(snap.readings)
+        view.energy.add(view.readings, snap.taken_at)
         view.health = healths
         view.checks = snap.checks
         view.saving = {i: m.power.saving is not None for i, m in self._gpus.items()}

@@ -462,3 +462,34 @@ def test_gpu_memory_is_exported_per_pod():
     assert len(rows) == 2
     assert 'pod_uid="uid-a"' in rows[0] and float(rows[0].rsplit(" ", 1)[1]) == 1024 * 1048576.0
     assert 'container="main"' in rows[1]
+
+
+def test_energy_is_integrated_per_gpu_and_shared_by_memory_per_pod():
+    from node_agent.exporter import EnergyMeter
+    from node_agent.model import GpuProcess, GpuReading
+
+    def sample(watts, procs=()):
+        return [GpuReading(index=0, uuid="GPU-x", power_w=watts, processes=tuple(procs))]
+
+    meter = EnergyMeter()
+    a, b = GpuProcess(1, 3000.0, "uid-a", "app"), GpuProcess(2, 1000.0, "uid-b", "main")
+    meter.add(sample(100.0), 0.0)
+    meter.add(sample(200.0, [a, b]), 10.0)  # (100 + 200) / 2 W for 10 s = 1500 J
+    assert meter.gpu_j == {"GPU-x": 1500.0}
+    assert meter.pod_j == {("GPU-x", "uid-a", "app"): 1125.0, ("GPU-x", "uid-b", "main"): 375.0}
+    meter.add(sample(200.0, [a]), 300.0)  # a gap of 290 s: unknown power, no energy
+    assert meter.gpu_j == {"GPU-x": 1500.0}
+    meter.add([GpuReading(index=0, uuid="GPU-x", lost=True)], 301.0)
+    meter.add(sample(50.0), 302.0)  # after a lost reading: starts again
+    assert meter.gpu_j == {"GPU-x": 1500.0}
+
+
+async def test_the_agent_exports_energy_counters():
+    clock = Clock()
+    agent = make_agent(clock)
+    await agent.round()
+    clock.t += 5.0
+    await agent.round()
+    text = _metrics_text(agent.metrics.registry)
+    rows = [ln for ln in text.splitlines() if ln.startswith("edgegpu_gpu_energy_joules_total{")]
+    assert len(rows) == 2 and all(float(r.rsplit(" ", 1)[1]) > 0 for r in rows)

@@ -249,3 +249,44 @@ def test_the_network_policy_lets_the_scheduler_and_the_agents_reach_the_extender
         assert any(a.items() <= labels.items() for a in allowed), name
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
     assert [p["port"] for p in rule["ports"]] == [p["name"] for p in c["ports"]]
+
+
+async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exported():
+    """The names are taken from what the agent and the extender really serve on /metrics."""
+    import httpx
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from node_agent.backends.simulated import SimulatedBackend
+    from node_agent.exporter import AgentMetrics
+    from node_agent.health import HealthArgs
+    from node_agent.loop import Agent
+    from node_agent.power import PowerArgs
+    from tests.builders import args_names, gpu, pod, report
+
+    t = [0.0]
+    backend = SimulatedBackend(clock=lambda: t[0], gpus=1, node="n1")
+    backend.open()
+    registry = CollectorRegistry()
+    agent = Agent(backend, node="n1", interval_s=5.0, metrics=AgentMetrics(registry, "n1"),
+                  health_args=HealthArgs(), power_args=PowerArgs(), clock=lambda: t[0])  # fmt: skip
+    for _ in range(2):
+        t[0] += 5.0
+        await agent.round()
+    served = generate_latest(registry).decode()
+    app = create_app()
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        await client.post("/v1/telemetry", json=report("n1", [gpu(0)]))
+        await client.post("/filter", json=args_names(pod("p"), ["n1"]))
+        served += (await client.get("/metrics")).text
+    exported = set(re.findall(r"^([a-z_]+)[{ ]", served, re.MULTILINE))
+    for name, kind in re.findall(r"^# TYPE ([a-z_]+) ([a-z]+)$", served, re.MULTILINE):
+        # A family without a sample yet (no error so far, no pod) is served all the same.
+        suffixes = {"counter": ["", "_total"], "histogram": ["_bucket", "_sum", "_count"]}
+        exported |= {name.removesuffix("_total") + x for x in suffixes.get(kind, [""])}
+    dashboard = json.loads((MANIFESTS / "monitoring/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((MANIFESTS / "monitoring/prometheusrule.yaml").read_text())
+    exprs += [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
+    named = {m for e in exprs for m in re.findall(r"\b(?:node_gpu|edgegpu)_[a-z_]+", e)}
+    assert named and named <= exported, sorted(named - exported)
