@@ -324,7 +324,7 @@ class Remediator:
                     left = self._affected(name, rec.gpus)
                     todo = [a for a in left if _pod_key(a) not in self._planned]
                     obs = replace(obs, cordoned=True, pods_left=len(todo))
-                elif rec.owns_cordon and not obs.cordoned:
+                elif not obs.cordoned:  # an uncordon, or a watch that lags our cordon?
                     obs = replace(obs, cordoned=await self._cordoned_now(name))
                 if rec.gpus != obs.gpus:  # evict from every GPU that faulted since
                     wider = _union(rec.gpus, obs.gpus)
