@@ -47,26 +47,32 @@ class Cluster:
         from kubernetes import client, config
 
         cfg = client.Configuration()
+        self.api: Any = None
+        self.problem = ""
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(kubeconfig) if kubeconfig else None,
                 context=context,
                 client_configuration=cfg,
             )
+            self.api = client.ApiClient(cfg)
         except Exception as exc:
-            raise PluginError(f"cannot load the kubeconfig: {exc}") from None
-        self.api = client.ApiClient(cfg)
+            self.problem = f"cannot load the kubeconfig: {exc}"
+            if extender_url is None:
+                raise PluginError(self.problem) from None
         self.extender_url = extender_url
         self.proxy = f"/api/v1/namespaces/{namespace}/services/{service}/proxy"
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
+        if self.api is None:  # only --extender-url was usable: nodes work, pods and explain not
+            raise PluginError(self.problem)
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         m, url, headers, sent, _ = self.api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
         try:
             resp = self.api.call_api(m, url, headers, sent, _request_timeout=(5, 30))
-            answer: bytes = resp.read() or b""  # type: ignore[no-untyped-call]
+            answer: bytes = resp.read() or b""
         except Exception as exc:
             raise PluginError(f"{method} {path}: {exc}") from None
         if resp.status >= 400:

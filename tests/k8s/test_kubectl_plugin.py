@@ -68,3 +68,13 @@ def test_no_extender_behind_the_service_is_one_clear_line(
     assert code == 1 and out == ""
     assert err.startswith("kubectl edgegpu: GET ") and "503" in err and "\n" == err[-1]
     assert err.count("\n") == 1
+
+
+def test_with_only_an_extender_url_nodes_work_and_the_rest_says_why_not(
+    extender: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "no-kubeconfig")
+    code, out, _ = run(capsys, "--kubeconfig", missing, "--extender-url", extender, "nodes")
+    assert code == 0 and "edge-1" in out
+    code, out, err = run(capsys, "--kubeconfig", missing, "--extender-url", extender, "pods")
+    assert code == 1 and out == "" and "kubeconfig" in err
