@@ -346,7 +346,8 @@ class Agent:
 
     async def round(self) -> Round:
         """One full round. Protection is applied before the push is even tried."""
-        snap = self.sample()
+        # In a thread: a driver call that blocks must not stall the device plugin on this loop.
+        snap = await asyncio.to_thread(self.sample)
         healths, actions = self.decide(snap)
         self._export(snap, healths)
         report = self.build_report(snap, healths)

@@ -335,3 +335,28 @@ async def test_an_agent_sees_the_assignments_of_its_own_node_only(tmp_path: Path
     assert mine.status_code == 200 and mine.json()["assignments"] == []
     assert theirs.status_code == 403 and "n1" in theirs.json()["error"]
     assert nobody.status_code == 401
+
+
+async def test_a_slow_driver_read_does_not_hold_up_kubelets_calls() -> None:
+    import time
+
+    class Slow(SimulatedBackend):
+        def read(self, index: int):  # type: ignore[no-untyped-def]
+            time.sleep(0.5)  # a driver call that takes its time
+            return super().read(index)
+
+    backend = Slow(clock=time.monotonic, gpus=1, node="n1")
+    backend.open()
+    agent = Agent(backend, node="n1", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n1"),
+                  health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
+    agent.device_plugin = BlockPlugin(_nothing, lambda: 4096)
+    await agent.device_plugin.update(GPUS)
+    sampling = asyncio.create_task(agent.round())
+    await asyncio.sleep(0.05)
+    request = api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[d.ID for d in agent.device_plugin.devices()], allocation_size=1)])  # fmt: skip
+    started = time.monotonic()
+    await agent.device_plugin.GetPreferredAllocation(request, None)
+    assert time.monotonic() - started < 0.3 and not sampling.done()
+    await sampling
