@@ -90,6 +90,11 @@ def run_self_test(
                 time.monotonic() - t0,
             )
         )
+    return verdict_of(checks, gpu_count, started)
+
+
+def verdict_of(checks: Sequence[Check], gpu_count: int, started: float) -> dict[str, Any]:
+    """The verdict document of some checks: ``pass`` only if something ran and nothing failed."""
     ran = [c for c in checks if c.outcome != "skipped"]
     verdict = "pass" if ran and all(c.outcome == "pass" for c in ran) else "fail"
     return {

@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.selftest import Check, verdict_of
 
 SCENARIOS: Final = (
     "steady",
@@ -290,13 +292,9 @@ class SimulatedBackend:
 
         As on real hardware once the driver has reset the GPU after an XID.
         """
+        started = time.monotonic()
         checks = []
         for gpu in self._gpus:
             bad = "lost" if gpu.lost else "uncorrectable ECC errors" if gpu.ecc_uncorrected else ""
-            checks.append(
-                {"name": f"simulated-gpu{gpu.index}", "outcome": "fail" if bad else "pass",
-                 "detail": bad, "duration_s": 0.0}
-            )  # fmt: skip
-        verdict = "fail" if any(c["outcome"] == "fail" for c in checks) else "pass"
-        return {"verdict": verdict, "reason": "", "gpus": len(checks), "checks": checks,
-                "duration_s": 0.0}  # fmt: skip
+            checks.append(Check(f"simulated-gpu{gpu.index}", "fail" if bad else "pass", bad))
+        return verdict_of(checks, len(checks), started)
