@@ -7,6 +7,7 @@ and its pass ends the workflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Cluster, reported, until
+from tests.e2e.conftest import Cluster, extra_node, reported, until
 from tests.e2e.edgegpu import Agent
 from tests.e2e.test_policy_and_auth import patch_policy
 from tests.e2e.test_resilience import lease_holder
@@ -31,33 +32,18 @@ def _policy_in_force(cluster: Cluster, enabled: bool) -> bool:
 
 
 @pytest.fixture
-def pool(cluster: Cluster) -> Iterator[dict[str, Agent]]:
-    """Two one-GPU nodes only the test's pods select: ``fault-0`` first, ``spare-0`` later."""
-    agents: dict[str, Agent] = {}
-    try:
-        yield agents
-    finally:
-        for agent in agents.values():
-            agent.stop()
-        for name in agents:
-            cluster.kubelet.silence(name)
-            cluster.cp.request("DELETE", f"/api/v1/nodes/{name}")
-        patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True,
-                                                "maxUnavailablePercent": 10}})  # fmt: skip
+def pool(cluster: Cluster) -> Iterator[Callable[[str], Agent]]:
+    """Adds one-GPU nodes only the test's pods select (``extra_node``), gone afterwards."""
+    with contextlib.ExitStack() as nodes:
 
+        def add(name: str) -> Agent:
+            return nodes.enter_context(extra_node(cluster, name, 1, [], labels=POOL))
 
-def _start(cluster: Cluster, pool: dict[str, Agent], name: str, scenario: str) -> Agent:
-    if name not in cluster.kubelet.nodes:
-        labels = {**POOL, "accelerator": "nvidia-tesla", "edgegpu.io/rack": "rack-c"}
-        cluster.kubelet.add_node(name, gpus=1, labels=labels)
-    old = pool.pop(name, None)
-    if old is not None:
-        old.stop()
-    agent = Agent(cluster.cp, name, 1, [e.ingest_url for e in cluster.extenders],
-                  scenario=scenario, seed=7, extra_args=["--load-pct", "0"])  # fmt: skip
-    agent.start()
-    pool[name] = agent
-    return agent
+        try:
+            yield add
+        finally:
+            patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True,
+                                                    "maxUnavailablePercent": 10}})  # fmt: skip
 
 
 def _deployment(cluster: Cluster, ns: str, replicas: int) -> dict[str, Any]:
@@ -91,10 +77,10 @@ def _running_on(pods: list[dict[str, Any]], node: str) -> list[str]:
 
 
 def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_back(
-    cluster: Cluster, ns: str, pool: dict[str, Agent], say: Callable[[str], None]
+    cluster: Cluster, ns: str, pool: Callable[[str], Agent], say: Callable[[str], None]
 ) -> None:
     replicas = 2
-    _start(cluster, pool, "fault-0", "steady")
+    fault = pool("fault-0")
     until("fault-0 reported to every replica",
           lambda: reported(cluster, "fault-0"), 60.0)  # fmt: skip
     resp = cluster.cp.request(
@@ -106,14 +92,16 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
     until("every replica Running on fault-0",
           lambda: len(_running_on(_pods(cluster, ns), "fault-0")) == replicas, 60.0)  # fmt: skip
     first = set(_running_on(_pods(cluster, ns), "fault-0"))
-    _start(cluster, pool, "spare-0", "steady")
+    pool("spare-0")
     until("spare-0 reported to every replica",
           lambda: reported(cluster, "spare-0"), 60.0)  # fmt: skip
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False,
                                             "maxUnavailablePercent": 50}})  # fmt: skip
     until("remediation enabled on every replica", lambda: _policy_in_force(cluster, True), 30.0)
 
-    _start(cluster, pool, "fault-0", "xid-79")  # the agent restarts, and GPU 0 raises XID 79
+    fault.stop()  # the agent restarts, and GPU 0 raises XID 79
+    fault.scenario = "xid-79"
+    fault.start()
     t0 = time.monotonic()
     marks: dict[str, float] = {}
     owners: list[Any] = []
