@@ -19,7 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -123,7 +123,7 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 	if p == nil {
 		return map[string]any{"event": "error", "pod": pod, "error": "no plugin for " + resource}
 	}
-	sort.Strings(available)
+	slices.Sort(available)
 	if len(available) < size {
 		return map[string]any{"event": "error", "pod": pod, "error": "not enough healthy devices"}
 	}
@@ -144,7 +144,7 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 		seen := map[string]bool{}
 		chosen = nil
 		for _, id := range append(pref.ContainerResponses[0].DeviceIDs, available...) {
-			if len(chosen) < size && !seen[id] && contains(available, id) {
+			if len(chosen) < size && !seen[id] && slices.Contains(available, id) {
 				seen[id] = true
 				chosen = append(chosen, id)
 			}
@@ -164,15 +164,6 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 	}
 	m.mu.Unlock()
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func (m *manager) serve() error {
