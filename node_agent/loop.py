@@ -144,8 +144,9 @@ class Agent:
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
         self.reboot_sentinel = reboot_sentinel
         self.block_mib = block_mib
-        self.host_boot_id = host_boot_id
         """MiB per memory block: the policy's, once an extender said it."""
+        self.host_boot_id = host_boot_id
+        """The host's boot id, sent with every report (a new one: the node rebooted)."""
         self.device_plugin: BlockPlugin | None = None
         self._blocks: dict[str, int] = {}
         """By GPU uuid: its block count when last read (kept while the GPU is lost)."""

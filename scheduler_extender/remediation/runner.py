@@ -236,12 +236,11 @@ class Remediator:
                     faults += [f"gpu{g.index}:{r}" for r in reasons or ("unhealthy",)]
                     assert gpus is not None
                     gpus.add(g.index)
-            age = self.state.clock.monotonic() - store.received_at
-            silent = age > spec.stale_telemetry.stale_after_s(report.interval_s)
+            now = self.state.clock.monotonic()
+            silent = now - store.received_at > spec.stale_telemetry.stale_after_s(report.interval_s)
             if report.self_test is not None:
                 verdict = (report.self_test.id, report.self_test.verdict)
             boot = self._boot(name)
-            now = self.state.clock.monotonic()
             cool_down = spec.thermal_throttling.cool_down_s
             cooling = any(
                 st.hot_since is not None
