@@ -1,8 +1,8 @@
 """Prometheus metrics of the node agent, with the names of DESIGN.md §6.
 
 ``node_gpu_temperature_celsius{device="0",…}`` is the name the seed's alert rule uses. A value
-the backend cannot read is left out, never exported as 0. Imports prometheus-client and
-``model``.
+the backend cannot read is left out, never exported as 0. Imports prometheus-client, ``model``
+and the extender's field table.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from node_agent.model import GpuHealth, GpuReading, NodeChecks
+from scheduler_extender.gpu_fields import GPU_FIELDS
 
 HEALTH_VALUE = {"healthy": 0.0, "degraded": 1.0, "unhealthy": 2.0}
 _LABELS = ["device", "uuid", "model", "node"]
@@ -76,16 +77,8 @@ class LatestView:
     energy: EnergyMeter = field(default_factory=EnergyMeter)
 
 
-_GAUGES = (
-    ("node_gpu_temperature_celsius", "GPU temperature in degrees Celsius.", "temperature_c", 1.0),
-    ("node_gpu_power_watts", "GPU power draw in watts.", "power_w", 1.0),
-    ("node_gpu_power_limit_watts", "Enforced GPU power limit in watts.", "power_limit_w", 1.0),
-    ("node_gpu_utilization_ratio", "GPU utilisation, 0 to 1.", "utilization_pct", 0.01),
-    ("node_gpu_memory_used_bytes", "GPU memory in use, bytes.", "memory_used_mib", 1048576.0),
-    ("node_gpu_memory_total_bytes", "GPU memory in all, bytes.", "memory_total_mib", 1048576.0),
-    ("node_gpu_sm_clock_hertz", "GPU SM clock in hertz.", "sm_clock_mhz", 1e6),
-    ("node_gpu_sm_clock_max_hertz", "GPU maximum SM clock in hertz.", "sm_clock_max_mhz", 1e6),
-)
+_GAUGES = tuple((f.metric, f) for f in GPU_FIELDS if f.metric is not None)
+"""The readings exported as gauges, as the field table names them."""
 
 
 class _GpuCollector(Collector):
@@ -94,9 +87,7 @@ class _GpuCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         view = self.view
-        families = {
-            name: GaugeMetricFamily(name, doc, labels=_LABELS) for name, doc, _, _ in _GAUGES
-        }
+        families = {name: GaugeMetricFamily(name, f.help, labels=_LABELS) for name, f in _GAUGES}
         health = GaugeMetricFamily(
             "node_gpu_health", "GPU health: 0 healthy, 1 degraded, 2 unhealthy.", labels=_LABELS
         )
@@ -128,10 +119,10 @@ class _GpuCollector(Collector):
                     per_pod[key] = per_pod.get(key, 0.0) + p.used_mib
             for (uid, container), mib in sorted(per_pod.items()):
                 by_pod.add_metric([*labels, uid, container], mib * 1048576.0)
-            for name, _, attr, scale in _GAUGES:
-                value = getattr(r, attr)
+            for name, f in _GAUGES:
+                value = f.read(r)
                 if value is not None:
-                    families[name].add_metric(labels, float(value) * scale)
+                    families[name].add_metric(labels, value * f.scale)
             h = view.health.get(r.index)
             if h is not None:
                 health.add_metric(labels, HEALTH_VALUE[h.level])

@@ -16,7 +16,7 @@ shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
 and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
-library and ``domain`` only.
+library, ``domain`` and ``gpu_fields`` only.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Annotated, Literal, cast
 import msgspec
 
 from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, Health
+from scheduler_extender.gpu_fields import GPU_FIELDS, KEPT
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
 _NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -137,20 +138,12 @@ REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)
 """Decodes and validates a push body (``msgspec.ValidationError`` / ``DecodeError``)."""
 
 
-DIGEST_COLUMNS = (
-    "index",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "utilization_pct",
-    "memory_total_mib",
-    "memory_used_mib",
-    "health",
-)
-"""A digest's floats per GPU, in this order: a field the backend cannot read is NaN, health is
-``domain.Health``'s value."""
+DIGEST_COLUMNS = ("index", *KEPT, "memory_used_mib", "health")
+"""A digest's floats per GPU, in this order: the kept fields of ``gpu_fields`` and the memory in
+use (a field the backend cannot read is NaN), then ``domain.Health``'s value."""
 
 _HEALTH = {h.name.lower(): float(h) for h in Health}
+_KEPT_READS = tuple(f.read for f in GPU_FIELDS if f.kept)
 _NAN = math.nan
 
 
@@ -187,18 +180,10 @@ def digest(report: TelemetryReport) -> Digest:
     rows = array("d")
     pods: list[tuple[int, str, float]] = []
     for g in report.gpus:
-        rows.extend(
-            (
-                g.index,
-                _value(g.temperature_c),
-                _value(g.power_w),
-                _value(g.power_limit_w),
-                _value(g.utilization_pct),
-                _value(g.memory_total_mib),
-                _value(g.memory_used_mib),
-                _HEALTH[g.health],
-            )
-        )
+        rows.append(g.index)
+        rows.extend([_value(read(g)) for read in _KEPT_READS])
+        rows.append(_value(g.memory_used_mib))
+        rows.append(_HEALTH[g.health])
         for p in g.processes:
             if p.pod_uid:
                 pods.append((g.index, p.pod_uid, p.used_mib or 0.0))

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler_extender.policy.combine import NodeBatch
+from scheduler_extender.gpu_fields import KEPT
+from scheduler_extender.policy.batch import NodeBatch
 
 _seq = itertools.count(1)
 
@@ -152,8 +153,12 @@ def batch(
     rdma: bool | list[Any] = False,
     host_cpu_free: float | list[Any] = np.nan,
     host_memory_free: float | list[Any] = np.nan,
+    readings: dict[str, float | list[Any]] | None = None,
 ) -> NodeBatch:
-    """A NodeBatch for direct policy tests; scalars broadcast, lists give per-node/GPU values."""
+    """A NodeBatch for direct policy tests; scalars broadcast, lists give per-node/GPU values.
+
+    ``readings`` gives kept GPU fields beyond the named ones; a field given nowhere is NaN.
+    """
 
     def grid(value: Any, dtype: Any) -> Any:
         # A scalar fills every slot; a flat list is per GPU when n == 1, else per node.
@@ -165,6 +170,14 @@ def batch(
     def line(value: Any, dtype: Any) -> Any:
         return np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
 
+    given = {
+        "temperature_c": temperature_c,
+        "power_w": power_w,
+        "power_limit_w": power_limit_w,
+        "utilization_pct": utilization_pct,
+        "memory_total_mib": memory_total_mib,
+        **(readings or {}),
+    }
     return NodeBatch(
         known=line(known, np.bool_),
         age_s=line(age_s, np.float64),
@@ -172,11 +185,7 @@ def batch(
         driver_ok=line(driver_ok, np.bool_),
         present=grid(present, np.bool_),
         health=grid(health, np.int8),
-        temperature_c=grid(temperature_c, np.float64),
-        power_w=grid(power_w, np.float64),
-        power_limit_w=grid(power_limit_w, np.float64),
-        utilization_pct=grid(utilization_pct, np.float64),
-        memory_total_mib=grid(memory_total_mib, np.float64),
+        readings={name: grid(given.get(name, np.nan), np.float64) for name in KEPT},
         unaccounted_used_mib=grid(unaccounted_used_mib, np.float64),
         excluded_until=grid(excluded_until, np.float64),
         allocated_blocks=grid(allocated_blocks, np.int64),

@@ -6,8 +6,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from scheduler_extender.domain import PodDemand, QosClass
-from scheduler_extender.policy.combine import NodeBatch
+from scheduler_extender.gpu_fields import KEPT
+from scheduler_extender.policy.batch import NodeBatch
 
+_NAMED = ("temperature_c", "power_w", "power_limit_w", "utilization_pct", "memory_total_mib")
 maybe_nan = st.one_of(st.just(float("nan")), st.floats(0, 1, allow_nan=False))
 
 
@@ -32,13 +34,18 @@ def node_batches(draw: st.DrawFn, max_nodes: int = 12, max_gpus: int = 4) -> Nod
         driver_ok=line(st.booleans(), np.bool_),
         present=grid(st.booleans(), np.bool_),
         health=grid(st.integers(0, 2), np.int8),
-        temperature_c=grid(temps, np.float64),
-        power_w=grid(watts, np.float64),
-        power_limit_w=grid(watts, np.float64),
-        utilization_pct=grid(st.one_of(st.just(float("nan")), st.floats(0, 100)), np.float64),
-        memory_total_mib=grid(
-            st.sampled_from([float("nan"), 15360.0, 16384.0, 81920.0]), np.float64
-        ),
+        readings={
+            "temperature_c": grid(temps, np.float64),
+            "power_w": grid(watts, np.float64),
+            "power_limit_w": grid(watts, np.float64),
+            "utilization_pct": grid(
+                st.one_of(st.just(float("nan")), st.floats(0, 100)), np.float64
+            ),
+            "memory_total_mib": grid(
+                st.sampled_from([float("nan"), 15360.0, 16384.0, 81920.0]), np.float64
+            ),
+            **{name: grid(maybe_nan, np.float64) for name in KEPT if name not in _NAMED},
+        },
         unaccounted_used_mib=grid(st.floats(0, 20000), np.float64),
         excluded_until=grid(st.sampled_from([-np.inf, np.inf, 990.0, 1010.0]), np.float64),
         allocated_blocks=grid(st.integers(0, 6), np.int64),

@@ -23,8 +23,9 @@ import yaml
 from benchmarks.openb.replay import Chooser, Cluster, pick
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Pods, Shape
 from scheduler_extender.domain import Health, PodDemand, QosClass
+from scheduler_extender.gpu_fields import KEPT
+from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.combine import (
-    NodeBatch,
     finish,
     gpu_facts,
     gpu_verdict,
@@ -32,7 +33,7 @@ from scheduler_extender.policy.combine import (
     prioritize_points,
 )
 from scheduler_extender.policy.document import Policy, parse_policy
-from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
+from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.state.decisions import DemandKey, demand_key
 
 IntArray = npt.NDArray[np.int64]
@@ -75,11 +76,14 @@ def node_batch(cluster: Cluster, rows: IntArray) -> NodeBatch:
         driver_ok=np.ones(n, dtype=np.bool_),
         present=present,
         health=np.full(full, Health.HEALTHY, dtype=np.int8),
-        temperature_c=np.where(present, 50.0, np.nan),
-        power_w=np.where(present, 100.0, np.nan),
-        power_limit_w=np.where(present, 300.0, np.nan),
-        utilization_pct=np.where(present, 0.0, np.nan),
-        memory_total_mib=np.where(present, float(MILLI), np.nan),
+        readings={
+            **{name: np.full(full, np.nan) for name in KEPT},
+            "temperature_c": np.where(present, 50.0, np.nan),
+            "power_w": np.where(present, 100.0, np.nan),
+            "power_limit_w": np.where(present, 300.0, np.nan),
+            "utilization_pct": np.where(present, 0.0, np.nan),
+            "memory_total_mib": np.where(present, float(MILLI), np.nan),
+        },
         unaccounted_used_mib=np.where(present, 0.0, np.nan),
         excluded_until=np.full(full, -np.inf),
         allocated_blocks=np.where(present, MILLI - free, 0).astype(np.int64),

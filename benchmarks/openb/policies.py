@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from benchmarks.openb import frag
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Shape
-from scheduler_extender.policy.fragmentation import sigmoid
+from scheduler_extender.policy.rules.fragmentation import sigmoid
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

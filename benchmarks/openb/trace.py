@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_extender.domain import QosClass
-from scheduler_extender.policy.fragmentation import commonest
+from scheduler_extender.policy.rules.fragmentation import commonest
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

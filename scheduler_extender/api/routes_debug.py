@@ -17,7 +17,7 @@ from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
 from scheduler_extender.errors import RequestError
-from scheduler_extender.policy import memory
+from scheduler_extender.policy.rules import memory
 from scheduler_extender.serving import bearer, declared_length, read_body
 from scheduler_extender.state.cluster import ClusterState
 
@@ -73,7 +73,10 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
         )
         batch = state.table.gather(np.array([row]), now, spec.thermal_throttling)
         free = memory.free_blocks(
-            batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+            batch.readings["memory_total_mib"],
+            batch.unaccounted_used_mib,
+            batch.allocated_blocks,
+            spec.memory,
         )[0]
         gpus = []
         for gpu in report.gpus:

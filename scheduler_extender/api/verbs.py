@@ -21,7 +21,7 @@ from scheduler_extender.k8s import translate, wire
 from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.policy.base import REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
-from scheduler_extender.policy.qos import TERMS
+from scheduler_extender.policy.rules import TERMS
 from scheduler_extender.state.decisions import demand_key
 
 log = logging.getLogger("scheduler_extender")

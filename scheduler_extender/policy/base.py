@@ -1,17 +1,25 @@
-"""Shared pieces of the rules: score range, verdict reasons, durations.
+"""Shared pieces of the rules: score range, score terms, verdict reasons, durations.
 
-Imports only numpy, pydantic and the standard library.
+Imports only numpy, pydantic, the standard library, ``domain`` and ``policy.batch``.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any, Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+
+from scheduler_extender.domain import QosClass
+from scheduler_extender.policy.batch import FloatArray, NodeBatch
+
+if TYPE_CHECKING:
+    from scheduler_extender.policy.document import PolicySpec
 
 MAX_SCORE: Final = 10
 
@@ -34,6 +42,33 @@ class ArgsModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, frozen=True, validate_default=True
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """A score term of a rule: it names the term's weight in the policy and in explanations."""
+
+    name: str
+    """Key of the term's weight in ``spec.weights`` and ``spec.qos.weights``."""
+    help: str
+    """What a high value of the term means (the weight's description in the CRD)."""
+    weights: Mapping[QosClass, float]
+    """Default weight per QoS class (0 = the class ignores the term)."""
+    per_gpu: Callable[[NodeBatch, PolicySpec], FloatArray] | None = None
+    """The term (N, G) in 0..1 from each GPU's own readings, whatever the pod asks. None for
+    memoryFit and topology, which depend on the pod and are worked out in ``combine``."""
+
+
+def class_weights(
+    realtime: float, training: float, inference: float, best_effort: float
+) -> Mapping[QosClass, float]:
+    """A term's default weights, one per QoS class."""
+    return {
+        QosClass.REALTIME: realtime,
+        QosClass.TRAINING: training,
+        QosClass.INFERENCE: inference,
+        QosClass.BEST_EFFORT: best_effort,
+    }
 
 
 class Reason(enum.IntEnum):

@@ -6,17 +6,16 @@ Imports numpy, ``domain`` and the rule modules only.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler_extender.domain import Health, PodDemand
-from scheduler_extender.policy import fragmentation, memory, power, thermal, topology
 from scheduler_extender.policy.base import MAX_SCORE, Reason
+from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.document import Policy
-from scheduler_extender.policy.qos import TERMS
+from scheduler_extender.policy.rules import REGISTRY, TERMS, fragmentation, memory, topology
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -26,55 +25,6 @@ _TOPOLOGY = TERMS.index("topology")
 # Plain ints: numpy converts an IntEnum member slowly, and every request compares against these.
 _OK = int(Reason.OK)
 _UNHEALTHY = int(Health.UNHEALTHY)
-_HEALTHY = int(Health.HEALTHY)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeBatch:
-    """The candidate nodes of one request as arrays: shape (N,) per node, (N, G) per GPU slot.
-
-    A slot without a GPU has ``present`` False. Unknown readings are NaN.
-    """
-
-    known: BoolArray
-    """Telemetry was ever received from the node."""
-    age_s: FloatArray
-    """Seconds since the node's last accepted report (by the extender's clock)."""
-    interval_s: FloatArray
-    driver_ok: BoolArray
-    present: BoolArray
-    health: npt.NDArray[np.int8]
-    temperature_c: FloatArray
-    power_w: FloatArray
-    power_limit_w: FloatArray
-    utilization_pct: FloatArray
-    memory_total_mib: FloatArray
-    unaccounted_used_mib: FloatArray
-    """Memory in use by anything other than pods assigned to this GPU."""
-    excluded_until: FloatArray
-    """Thermal hysteresis: +inf while hot, the end of the cool-down after, -inf if never hot."""
-    allocated_blocks: IntArray
-    """Blocks given to pods at bind, seen in telemetry or not."""
-    whole_taken: BoolArray
-    """A pod holds the GPU as a whole (nvidia.com/gpu or realtime)."""
-    rack: IntArray
-    """Rack id (an index into the context's rack table); -1 = no rack."""
-    rdma: BoolArray
-    host_cpu_free: FloatArray
-    """Host CPU not requested by the node's pods (millicores); NaN = unknown."""
-    host_memory_free: FloatArray
-    """Host memory not requested by the node's pods (MiB); NaN = unknown."""
-
-    @property
-    def size(self) -> int:
-        """Number of nodes."""
-        return int(self.known.shape[0])
-
-    def row(self, i: int) -> NodeBatch:
-        """A batch of the one node at position ``i``."""
-        return NodeBatch(
-            **{f.name: getattr(self, f.name)[i : i + 1] for f in dataclasses.fields(self)}
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +81,7 @@ class GpuFacts:
     idle: BoolArray
     """A GPU is in the slot and free as a whole."""
     terms: FloatArray
-    """(4, N, G): thermal, power, powerSaving and health terms (``GPU_TERMS``) per slot."""
+    """(len(GPU_TERMS), N, G): the per-GPU terms of the registry, per slot."""
     host: fragmentation.HostRoom
     """Free host CPU and memory per node."""
 
@@ -146,7 +96,8 @@ class GpuFacts:
         return np.maximum(self.open_free, 0)
 
 
-GPU_TERMS = ("thermal", "power", "powerSaving", "health")
+_PER_GPU = tuple((t.name, t.per_gpu) for t in REGISTRY if t.per_gpu is not None)
+GPU_TERMS = tuple(name for name, _ in _PER_GPU)
 """The GPU terms ``GpuFacts`` holds: every term of ``TERMS`` but memoryFit and topology."""
 _FIT = TERMS.index("memoryFit")
 _TERM_AT = tuple(TERMS.index(t) for t in GPU_TERMS)
@@ -155,16 +106,15 @@ _TERM_AT = tuple(TERMS.index(t) for t in GPU_TERMS)
 def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     """The pod-independent part of each node's GPU verdict."""
     spec = policy.spec
-    capacity = memory.capacity_blocks(batch.memory_total_mib, spec.memory)
+    total_mib = batch.readings["memory_total_mib"]
+    capacity = memory.capacity_blocks(total_mib, spec.memory)
     free = memory.free_blocks(
-        batch.memory_total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
+        total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
     )
     healthy = batch.present & (batch.health != _UNHEALTHY)
     idle = memory.is_idle(
         batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
     )
-    busy = (batch.allocated_blocks > 0) | batch.whole_taken
-    busy |= np.fmax(batch.unaccounted_used_mib, 0.0) > spec.memory.idle_used_mib
     # The first check that applies gives the reason: written last-first, so earlier ones win.
     checks = (
         (~batch.known, Reason.TELEMETRY_MISSING),
@@ -175,14 +125,7 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     reason = np.full(batch.size, _OK, dtype=np.int64)
     for applies, why in reversed(checks):
         reason[applies] = int(why)
-    terms = np.stack(
-        [
-            thermal.headroom_score(batch.temperature_c, spec.thermal_throttling),
-            power.headroom_score(batch.power_w, batch.power_limit_w),
-            power.is_active(batch.utilization_pct, busy, spec.power_saving).astype(np.float64),
-            (batch.health == _HEALTHY).astype(np.float64),
-        ]
-    )  # (4, N, G), in GPU_TERMS order
+    terms = np.stack([term(batch, spec) for _, term in _PER_GPU])  # (len(GPU_TERMS), N, G)
     return GpuFacts(
         base_reason=reason,
         healthy=healthy,
@@ -290,7 +233,7 @@ def gpu_verdict(
     else:
         slots = facts.capacity.shape[1]
         choice = np.argsort(-ranked, axis=1, kind="stable")[:, : min(k, slots)]
-        per_gpu = np.take_along_axis(facts.terms, choice[None], axis=2)  # (4, N, k)
+        per_gpu = np.take_along_axis(facts.terms, choice[None], axis=2)  # (len(GPU_TERMS), N, k)
         chosen[:, _TERM_AT] = per_gpu.mean(axis=2).T
         chosen[:, _FIT] = np.take_along_axis(fit, choice, axis=1).mean(axis=1)
     fits = reason == _OK

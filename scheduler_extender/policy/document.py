@@ -15,14 +15,17 @@ from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND, WHOLE_GPU_RESOURCES
 from scheduler_extender.policy.base import ArgsModel
-from scheduler_extender.policy.fragmentation import FragmentationArgs
-from scheduler_extender.policy.memory import MemoryArgs
-from scheduler_extender.policy.power import PowerArgs
 from scheduler_extender.policy.qos import QosArgs, TermWeights
 from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.policy.rules import TERMS
+from scheduler_extender.policy.rules.fragmentation import FragmentationArgs
+from scheduler_extender.policy.rules.memory import MemoryArgs
+from scheduler_extender.policy.rules.power import PowerArgs
+from scheduler_extender.policy.rules.thermal import ThermalArgs
+from scheduler_extender.policy.rules.topology import TopologyArgs
 from scheduler_extender.policy.staleness import StaleArgs
-from scheduler_extender.policy.thermal import ThermalArgs
-from scheduler_extender.policy.topology import TopologyArgs
+
+_SAVING = TERMS.index("powerSaving")
 
 
 class PrioritizeArgs(ArgsModel):
@@ -95,7 +98,7 @@ class Policy(BaseModel):
             weights = tuple(b * m for b, m in zip(base, mult, strict=True))
             if not (self.spec.power_saving.enabled and qos.packs):
                 # powerSaving packs low-QoS work onto active GPUs only when it is switched on.
-                weights = (*weights[:3], 0.0, *weights[4:])
+                weights = (*weights[:_SAVING], 0.0, *weights[_SAVING + 1 :])
             out[qos] = weights
         return out
 

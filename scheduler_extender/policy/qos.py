@@ -1,67 +1,49 @@
 """QoS rule: which class a pod is in, and how much each score term weighs for that class.
 
-Pure; imports only pydantic, ``domain`` and ``policy.base``.
+Pure; imports only pydantic, ``domain``, ``policy.base`` and the rules' registry.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.policy.base import ArgsModel
-
-TERMS: Final = ("thermal", "power", "memoryFit", "powerSaving", "health", "topology")
-"""Every score term, in the order /debug/explain lists them."""
+from scheduler_extender.policy.rules import REGISTRY, TERMS
 
 
-class TermWeights(ArgsModel):
-    """Relative weight of each score term (0 switches a term off)."""
-
-    thermal: float = Field(1.0, ge=0, description="Temperature headroom of the chosen GPU.")
-    power: float = Field(1.0, ge=0, description="Power headroom (limit − draw) of the chosen GPU.")
-    memory_fit: float = Field(
-        1.0, alias="memoryFit", ge=0, description="Best fit (packing classes) or most room left."
-    )
-    power_saving: float = Field(
-        1.0, alias="powerSaving", ge=0, description="Prefer already-active GPUs (packing classes)."
-    )
-    health: float = Field(1.0, ge=0, description="Prefer healthy over degraded GPUs.")
-    topology: float = Field(1.0, ge=0, description="Keep a job group in one rack, prefer RDMA.")
+class _Weights(ArgsModel):
+    """Relative weight of each score term (0 switches a term off), keyed by the term's name."""
 
     def as_tuple(self) -> tuple[float, ...]:
         """Weights in ``TERMS`` order."""
-        return (
-            self.thermal,
-            self.power,
-            self.memory_fit,
-            self.power_saving,
-            self.health,
-            self.topology,
-        )
+        return tuple(getattr(self, name) for name in TERMS)
 
 
-def _weights(**kw: float) -> TermWeights:
-    return TermWeights.model_validate(kw)
+if TYPE_CHECKING:
+    TermWeights = _Weights
+else:
+    TermWeights = create_model(
+        "TermWeights",
+        __base__=_Weights,
+        **{t.name: (float, Field(1.0, ge=0, description=t.help)) for t in REGISTRY},
+    )
+    """One weight per term of the rules' registry (1 where not given)."""
 
 
-# Training and realtime want cool GPUs with power headroom and room to themselves; inference and
-# best-effort pack onto busy GPUs (best fit) so that whole GPUs stay free and idle ones stay idle.
+def class_default(qos: QosClass) -> dict[str, float]:
+    """A class's default weight of every term, from the terms' own defaults."""
+    return {t.name: t.weights[qos] for t in REGISTRY}
+
+
 DEFAULT_CLASS_WEIGHTS: Final = {
-    QosClass.REALTIME: _weights(
-        thermal=3, power=2, memoryFit=1, powerSaving=0, health=2, topology=1
-    ),
-    QosClass.TRAINING: _weights(
-        thermal=2, power=2, memoryFit=1, powerSaving=0, health=2, topology=3
-    ),
-    QosClass.INFERENCE: _weights(
-        thermal=1, power=1, memoryFit=3, powerSaving=2, health=2, topology=1
-    ),
-    QosClass.BEST_EFFORT: _weights(
-        thermal=0.5, power=0.5, memoryFit=3, powerSaving=2, health=1, topology=0.5
-    ),
+    qos: TermWeights.model_validate(class_default(qos)) for qos in QosClass
 }
+"""The weights of a class the policy does not mention. Training and realtime want cool GPUs
+with power headroom; inference and best-effort pack onto busy GPUs (best fit) so that whole
+GPUs stay free and idle ones stay idle."""
 
 
 class PriorityThresholds(ArgsModel):
@@ -91,7 +73,7 @@ class QosArgs(ArgsModel):
     )
     weights: dict[QosClass, TermWeights] = Field(
         default_factory=dict,
-        description="Per-class term weights; a class left out keeps its default weights.",
+        description="Per-class term weights; a term or class left out keeps its default weight.",
     )
 
     @model_validator(mode="before")
@@ -104,8 +86,12 @@ class QosArgs(ArgsModel):
             out["defaultClass"] = QosClass.from_wire(out["defaultClass"])
         weights = out.get("weights")
         if isinstance(weights, dict):
-            out["weights"] = {
+            by_class = {
                 QosClass.from_wire(k) if isinstance(k, str) else k: v for k, v in weights.items()
+            }
+            out["weights"] = {
+                qos: {**class_default(qos), **given} if isinstance(given, dict) else given
+                for qos, given in by_class.items()
             }
         return out
 

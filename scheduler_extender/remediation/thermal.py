@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_extender.domain import Assignment
-from scheduler_extender.policy.thermal import ThermalArgs
+from scheduler_extender.policy.rules.thermal import ThermalArgs
 
 GpuKey = tuple[str, int]
 """(node, GPU index)."""

@@ -18,11 +18,10 @@ import numpy.typing as npt
 
 from scheduler_extender.domain import Assignment, Health, PodDemand, QosClass
 from scheduler_extender.names import RDMA_LABEL
-from scheduler_extender.policy import memory
+from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.combine import (
     Context,
     Evaluation,
-    NodeBatch,
     evaluate,
     finish,
     host_verdict,
@@ -32,7 +31,8 @@ from scheduler_extender.policy.combine import (
     topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
-from scheduler_extender.policy.fragmentation import DemandMix, MixLearner
+from scheduler_extender.policy.rules import memory
+from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.report import DIGEST_COLUMNS
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decisions import (

@@ -25,7 +25,7 @@ from scheduler_extender.domain import PodDemand
 from scheduler_extender.policy.base import REASON_JSON, REASON_RESOLVABLE
 from scheduler_extender.policy.combine import GpuFacts, gpu_facts, gpu_verdict
 from scheduler_extender.policy.document import Policy
-from scheduler_extender.policy.fragmentation import EMPTY_MIX, DemandMix, HostRoom
+from scheduler_extender.policy.rules.fragmentation import EMPTY_MIX, DemandMix, HostRoom
 from scheduler_extender.state.table import NodeTable
 
 IntArray = npt.NDArray[np.int64]

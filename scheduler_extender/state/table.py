@@ -2,7 +2,7 @@
 
 Rows are written when telemetry or assignments change; a request only gathers rows, so a verb
 over 5,000 nodes is a few numpy take operations, not 5,000 objects. Row 0 is a blank row that
-stands in for nodes nobody has heard of. Imports numpy and ``policy.combine`` (for NodeBatch).
+stands in for nodes nobody has heard of. Imports numpy, ``gpu_fields`` and the policy.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_extender.policy import thermal
-from scheduler_extender.policy.combine import NodeBatch
+from scheduler_extender.gpu_fields import KEPT
+from scheduler_extender.policy.batch import NodeBatch
+from scheduler_extender.policy.rules import thermal
 
 _NODE_FLOAT = (
     "received_at",
@@ -26,15 +27,7 @@ _NODE_FLOAT = (
     "host_memory_free",
 )
 _NODE_BOOL = ("known", "driver_ok", "rdma")
-_GPU_FLOAT = (
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "utilization_pct",
-    "memory_total_mib",
-    "unaccounted_used_mib",
-    "below_since",
-)
+_GPU_FLOAT = (*KEPT, "unaccounted_used_mib", "below_since")
 """The per-GPU float columns (one block in memory: a push writes them in one go)."""
 GPU_REPORT_COLUMNS = ("index", *_GPU_FLOAT, "hot", "health")
 """What ``write_node`` takes per reported GPU, in this order, as one float array."""
@@ -54,7 +47,7 @@ _AS_GATHERED = (
     "host_cpu_free",
     "host_memory_free",
 )
-"""Columns a ``NodeBatch`` takes as they are, besides the per-GPU floats."""
+"""Columns a ``NodeBatch`` takes as they are, besides the per-GPU readings."""
 
 
 def _take(column: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
@@ -407,7 +400,8 @@ class NodeTable:
         per_gpu = {name: floats[:, :, k] for k, name in enumerate(_GPU_FLOAT)}
         return NodeBatch(
             **{name: _take(c[name], rows) for name in _AS_GATHERED},
-            **{name: per_gpu[name] for name in _GPU_FLOAT if name != "below_since"},
+            readings={name: per_gpu[name] for name in KEPT},
+            unaccounted_used_mib=per_gpu["unaccounted_used_mib"],
             age_s=now - _take(c["received_at"], rows),
             excluded_until=thermal.excluded_until(
                 _take(c["hot"], rows), per_gpu["below_since"], args

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from scheduler_extender.policy import thermal
+from scheduler_extender.policy.rules import thermal
 from scheduler_extender.report import Digest, TelemetryReport, digest
 
 

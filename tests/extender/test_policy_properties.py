@@ -44,9 +44,7 @@ def test_each_node_is_judged_on_its_own_whatever_the_order(batch, demand, rnd):
     order = list(range(batch.size))
     rnd.shuffle(order)
     idx = np.array(order)
-    shuffled = dataclasses.replace(
-        batch, **{f.name: getattr(batch, f.name)[idx] for f in dataclasses.fields(batch)}
-    )
+    shuffled = batch.take(idx)
     a = evaluate(batch, demand, DEFAULT_POLICY, CTX)
     b = evaluate(shuffled, demand, DEFAULT_POLICY, CTX)
     assert (a.points[idx] == b.points).all()
@@ -56,7 +54,8 @@ def test_each_node_is_judged_on_its_own_whatever_the_order(batch, demand, rnd):
 @settings(max_examples=60)
 @given(node_batches(max_nodes=1), demands(), st.floats(0, 30))
 def test_a_hotter_gpu_never_scores_higher(batch, demand, warmer):
-    hotter = dataclasses.replace(batch, temperature_c=batch.temperature_c + warmer)
+    temps = batch.readings["temperature_c"] + warmer
+    hotter = dataclasses.replace(batch, readings={**batch.readings, "temperature_c": temps})
     a = evaluate(batch, demand, DEFAULT_POLICY, CTX)
     b = evaluate(hotter, demand, DEFAULT_POLICY, CTX)
     if a.passed[0] and b.passed[0] and batch.present[0].sum() == 1:
@@ -66,9 +65,10 @@ def test_a_hotter_gpu_never_scores_higher(batch, demand, warmer):
 @settings(max_examples=60)
 @given(node_batches(max_nodes=1), demands(), st.floats(0, 50))
 def test_more_power_headroom_never_scores_lower(batch, demand, extra_w):
-    roomier = dataclasses.replace(batch, power_limit_w=batch.power_limit_w + extra_w)
+    limits = batch.readings["power_limit_w"] + extra_w
+    roomier = dataclasses.replace(batch, readings={**batch.readings, "power_limit_w": limits})
     a = evaluate(batch, demand, DEFAULT_POLICY, CTX)
     b = evaluate(roomier, demand, DEFAULT_POLICY, CTX)
-    limit = batch.power_limit_w[0]
+    limit = batch.readings["power_limit_w"][0]
     if a.passed[0] and b.passed[0] and batch.present[0].sum() == 1 and (limit > 0).all():
         assert b.score[0] >= a.score[0] - 1e-9

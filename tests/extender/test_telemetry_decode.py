@@ -8,7 +8,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from scheduler_extender.policy.thermal import ThermalArgs
+from scheduler_extender.policy.rules.thermal import ThermalArgs
 from scheduler_extender.telemetry import decode, schema
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.document import parse_policy
-from scheduler_extender.policy.thermal import ThermalArgs
+from scheduler_extender.policy.rules.thermal import ThermalArgs
 from scheduler_extender.remediation import thermal
 from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.state.cluster import ClusterState

@@ -5,7 +5,7 @@ from scheduler_extender.domain import Health, PodDemand, QosClass
 from scheduler_extender.policy.base import Reason
 from scheduler_extender.policy.combine import Context, evaluate
 from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
-from scheduler_extender.policy.qos import TERMS
+from scheduler_extender.policy.rules import TERMS
 from tests.builders import batch
 
 NOW = 1000.0

@@ -7,7 +7,7 @@ import pytest
 
 from scheduler_extender.domain import PodDemand, QosClass
 from scheduler_extender.policy.document import parse_policy
-from scheduler_extender.policy.fragmentation import (
+from scheduler_extender.policy.rules.fragmentation import (
     DemandMix,
     FragmentationArgs,
     HostDemand,

@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 
 from scheduler_extender.domain import QosClass
-from scheduler_extender.policy import memory, power, topology
 from scheduler_extender.policy.base import format_duration, parse_duration_s
-from scheduler_extender.policy.memory import MemoryArgs
-from scheduler_extender.policy.power import PowerArgs
 from scheduler_extender.policy.qos import QosArgs, resolve_class
-from scheduler_extender.policy.topology import TopologyArgs
+from scheduler_extender.policy.rules import memory, power, topology
+from scheduler_extender.policy.rules.memory import MemoryArgs
+from scheduler_extender.policy.rules.power import PowerArgs
+from scheduler_extender.policy.rules.topology import TopologyArgs
 
 MEM = MemoryArgs()
 

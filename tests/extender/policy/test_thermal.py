@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from scheduler_extender.policy import thermal
-from scheduler_extender.policy.thermal import COOL, ThermalArgs, ThermalState
+from scheduler_extender.policy.rules import thermal
+from scheduler_extender.policy.rules.thermal import COOL, ThermalArgs, ThermalState
 from scheduler_extender.telemetry.decode import report_from
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report

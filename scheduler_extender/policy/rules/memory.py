@@ -1,6 +1,7 @@
 """Memory rule: GPU memory blocks on ONE GPU (per-card best fit), and whole free GPUs.
 
-Pure; imports only numpy, pydantic and ``policy.base``.
+Pure; imports only numpy, pydantic and ``policy.base``. Its term, memoryFit, depends on the pod:
+``combine`` works it out (best fit here, or the fragmentation rule's score).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration, clip01
+from scheduler_extender.policy.base import ArgsModel, Duration, Term, class_weights, clip01
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -88,6 +89,18 @@ def is_idle(
     return idle
 
 
+def is_busy(
+    unaccounted_used_mib: FloatArray,
+    allocated_blocks: IntArray,
+    whole_taken: BoolArray,
+    args: MemoryArgs,
+) -> BoolArray:
+    """A GPU holds work: blocks or a whole pod assigned, or memory in use past idleUsedMiB."""
+    used = np.fmax(unaccounted_used_mib, 0.0)
+    busy: BoolArray = (allocated_blocks > 0) | whole_taken | (used > args.idle_used_mib)
+    return busy
+
+
 def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: bool) -> FloatArray:
     """How well a request fits a GPU, in 0..1.
 
@@ -100,3 +113,10 @@ def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: boo
     empty = np.where(free > request_blocks, 1.0, 0.0)
     left = clip01(np.divide(free - request_blocks, capacity, out=empty, where=capacity > 0))
     return 1.0 - left if pack else left
+
+
+TERM = Term(
+    "memoryFit",
+    "Best fit (packing classes) or most room left.",
+    class_weights(realtime=1, training=1, inference=3, best_effort=3),
+)

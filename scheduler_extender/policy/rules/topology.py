@@ -1,6 +1,7 @@
 """Topology rule: keep the pods of one job group in one rack, and prefer RDMA nodes.
 
-Pure; imports only numpy, pydantic and ``policy.base``.
+Pure; imports only numpy, pydantic and ``policy.base``. Its term depends on the pod's group:
+``combine`` works it out, for group members only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from scheduler_extender.names import RACK_LABEL, RACK_LABEL_FALLBACK
-from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.base import ArgsModel, Term, class_weights
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -59,3 +60,10 @@ def score(
         rack_part = np.zeros(rack.shape, dtype=np.float64)
     rack_part = np.where(known, rack_part, 0.0)
     return (1.0 - args.rdma_share) * rack_part + args.rdma_share * rdma.astype(np.float64)
+
+
+TERM = Term(
+    "topology",
+    "Keep a job group in one rack, prefer RDMA.",
+    class_weights(realtime=1, training=3, inference=1, best_effort=0.5),
+)

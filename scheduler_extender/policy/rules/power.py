@@ -1,15 +1,22 @@
 """Power rule: score power headroom, and tell active GPUs from idle ones for power saving.
 
-Pure; imports only numpy, pydantic and ``policy.base``.
+Pure; imports only numpy, pydantic and the policy's ``base``, ``batch`` and ``memory`` rule.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, clip01
+from scheduler_extender.policy.base import ArgsModel, Term, class_weights, clip01
+from scheduler_extender.policy.batch import NodeBatch
+from scheduler_extender.policy.rules import memory
+
+if TYPE_CHECKING:
+    from scheduler_extender.policy.document import PolicySpec
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -49,3 +56,29 @@ def is_active(utilization_pct: FloatArray, busy: BoolArray, args: PowerArgs) -> 
     """A GPU is active when it is loaded above the threshold or already holds work."""
     loaded = utilization_pct >= args.threshold_pct  # NaN (unknown) is not loaded
     return loaded | busy
+
+
+def _headroom(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+    return headroom_score(batch.readings["power_w"], batch.readings["power_limit_w"])
+
+
+def _active(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+    busy = memory.is_busy(
+        batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
+    )
+    active = is_active(batch.readings["utilization_pct"], busy, spec.power_saving)
+    return active.astype(np.float64)
+
+
+TERM = Term(
+    "power",
+    "Power headroom (limit − draw) of the chosen GPU.",
+    class_weights(realtime=2, training=2, inference=1, best_effort=0.5),
+    _headroom,
+)
+SAVING_TERM = Term(
+    "powerSaving",
+    "Prefer already-active GPUs (packing classes, while powerSaving is enabled).",
+    class_weights(realtime=0, training=0, inference=2, best_effort=2),
+    _active,
+)

@@ -1,18 +1,23 @@
 """Thermal rule: exclude hot GPUs with a cool-down (hysteresis) and score temperature headroom.
 
-Pure: the caller passes the time. Imports only numpy, pydantic and ``policy.base``.
+Pure: the caller passes the time. Imports only numpy, pydantic and ``policy.base``/``batch``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration, clip01
+from scheduler_extender.policy.base import ArgsModel, Duration, Term, class_weights, clip01
+from scheduler_extender.policy.batch import NodeBatch
+
+if TYPE_CHECKING:
+    from scheduler_extender.policy.document import PolicySpec
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -98,3 +103,15 @@ def headroom_score(temperature_c: FloatArray, args: ThermalArgs) -> FloatArray:
     span = max(args.max_temp_c - args.idle_temp_c, 1.0)
     score = clip01((args.max_temp_c - temperature_c) / span)
     return np.where(np.isnan(temperature_c), 0.5, score)
+
+
+def _term(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+    return headroom_score(batch.readings["temperature_c"], spec.thermal_throttling)
+
+
+TERM = Term(
+    "thermal",
+    "Temperature headroom of the chosen GPU.",
+    class_weights(realtime=3, training=2, inference=1, best_effort=0.5),
+    _term,
+)
