@@ -48,3 +48,4 @@ TELEMETRY_SCHEMA: Final = "edgegpu.io/telemetry/v1"
 # Policy document.
 POLICY_API_VERSION: Final = "kepler.io/v1"
 POLICY_KIND: Final = "GPUSchedulingPolicy"
+POLICY_PLURAL: Final = "gpuschedulingpolicies"

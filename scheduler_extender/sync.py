@@ -22,7 +22,7 @@ from typing import Any
 
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import PolicyError, RequestError
-from scheduler_extender.k8s.client import POLICY_PLURAL, JsonDict, KubeApi, KubeError
+from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
 from scheduler_extender.k8s.translate import (
     group_of,
     host_requests,
@@ -36,6 +36,7 @@ from scheduler_extender.names import (
     GPU_INDEX_ANNOTATION,
     GPU_UUID_ANNOTATION,
     MEM_BLOCK_RESOURCE,
+    POLICY_PLURAL,
     QOS_ANNOTATION,
 )
 from scheduler_extender.policy.document import Policy, parse_policy

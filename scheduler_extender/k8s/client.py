@@ -17,12 +17,13 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from scheduler_extender.names import POLICY_PLURAL
+
 log = logging.getLogger("scheduler_extender.k8s")
 
 JsonDict = dict[str, Any]
 POLICY_GROUP: Final = "kepler.io"
 POLICY_VERSION: Final = "v1"
-POLICY_PLURAL: Final = "gpuschedulingpolicies"
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 

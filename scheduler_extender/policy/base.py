@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.policy.batch import FloatArray, NodeBatch
@@ -171,6 +171,9 @@ def format_duration(seconds: float) -> str:
 
 
 Duration = Annotated[
-    float, BeforeValidator(parse_duration_s), PlainSerializer(format_duration, return_type=str)
+    float,
+    BeforeValidator(parse_duration_s),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
 ]
-"""Seconds in memory; a Go-style duration string in documents."""
+"""Seconds in memory; a Go-style duration string (or whole seconds) in documents."""

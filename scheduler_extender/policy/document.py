@@ -46,19 +46,47 @@ class PrioritizeArgs(ArgsModel):
 class PolicySpec(ArgsModel):
     """``spec``: every rule's arguments. Unknown keys are errors (a typo must not pass silently)."""
 
-    power_saving: PowerArgs = Field(default_factory=PowerArgs, alias="powerSaving")
-    thermal_throttling: ThermalArgs = Field(default_factory=ThermalArgs, alias="thermalThrottling")
-    qos: QosArgs = Field(default_factory=QosArgs)
+    power_saving: PowerArgs = Field(
+        default_factory=PowerArgs,
+        alias="powerSaving",
+        description="Low-QoS pods pack onto active GPUs; agents lower idle GPUs' clocks.",
+    )
+    thermal_throttling: ThermalArgs = Field(
+        default_factory=ThermalArgs,
+        alias="thermalThrottling",
+        description="Hot GPUs take no pods until cooled down; long-hot GPUs shed pods.",
+    )
+    qos: QosArgs = Field(
+        default_factory=QosArgs, description="QoS classes of pods and each class's term weights."
+    )
     weights: TermWeights = Field(
         default_factory=TermWeights,
         description="Multipliers applied on top of every class's weights.",
     )
-    memory: MemoryArgs = Field(default_factory=MemoryArgs)
-    fragmentation: FragmentationArgs = Field(default_factory=FragmentationArgs)
-    stale_telemetry: StaleArgs = Field(default_factory=StaleArgs, alias="staleTelemetry")
-    topology: TopologyArgs = Field(default_factory=TopologyArgs)
-    remediation: RemediationArgs = Field(default_factory=RemediationArgs)
-    prioritize: PrioritizeArgs = Field(default_factory=PrioritizeArgs)
+    memory: MemoryArgs = Field(
+        default_factory=MemoryArgs,
+        description="GPU memory blocks (edgegpu.io/gpu-mem-block) and their budgets.",
+    )
+    fragmentation: FragmentationArgs = Field(
+        default_factory=FragmentationArgs,
+        description="Score placements by the GPU fragmentation they leave (FGD).",
+    )
+    stale_telemetry: StaleArgs = Field(
+        default_factory=StaleArgs,
+        alias="staleTelemetry",
+        description="When a node's telemetry is too old, and which classes still pass it.",
+    )
+    topology: TopologyArgs = Field(
+        default_factory=TopologyArgs, description="Racks and RDMA for pods of one job group."
+    )
+    remediation: RemediationArgs = Field(
+        default_factory=RemediationArgs,
+        description="The fault loop: cordon, evict, self-test, reboot decision, uncordon.",
+    )
+    prioritize: PrioritizeArgs = Field(
+        default_factory=PrioritizeArgs,
+        description="How scores become kube-scheduler's 0..10 points.",
+    )
     whole_gpu_resources: tuple[str, ...] = Field(
         WHOLE_GPU_RESOURCES,
         alias="wholeGPUResources",

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from node_agent.config import AgentSettings
+from scheduler_extender import crd
 from scheduler_extender.api.app import create_app
 from scheduler_extender.cli import _parser as extender_parser, settings_from
 from scheduler_extender.config import ExtenderSettings
@@ -290,3 +291,8 @@ async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exp
     exprs += [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
     named = {m for e in exprs for m in re.findall(r"\b(?:node_gpu|edgegpu)_[a-z_]+", e)}
     assert named and named <= exported, sorted(named - exported)
+
+
+def test_the_crd_is_the_one_generated_from_the_policy_model():
+    # `make crd` writes it; a policy field added without regenerating fails here.
+    assert (MANIFESTS / "crd" / "gpuschedulingpolicies.yaml").read_text() == crd.render()

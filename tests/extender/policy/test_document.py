@@ -4,6 +4,7 @@ from scheduler_extender.config import load_policy_text
 from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
+from scheduler_extender.policy.rules import TERMS
 
 SEED_JSON = """{"apiVersion": "kepler.io/v1", "kind": "GPUSchedulingPolicy",
  "metadata": {"name": "edge-gpu-policy"},
@@ -79,9 +80,20 @@ def test_our_extensions_are_optional_and_validated():
     )
     assert policy.spec.qos.default_class is QosClass.BEST_EFFORT
     assert policy.class_weights(QosClass.TRAINING)[0] == 18
+    # Terms the class leaves out keep the class's defaults (training's topology is 3), not 1.
+    default = DEFAULT_POLICY.class_weights(QosClass.TRAINING)
+    assert policy.class_weights(QosClass.TRAINING)[1:] == default[1:]
+    assert default[TERMS.index("topology")] == 3
     assert policy.spec.stale_telemetry.stale_after_s(5.0) == 30.0
     assert policy.spec.stale_telemetry.fail_open[QosClass.TRAINING] is True
     assert policy.spec.stale_telemetry.fail_open[QosClass.REALTIME] is False
+
+
+def test_a_weight_for_a_term_no_rule_registers_is_refused():
+    with pytest.raises(PolicyError, match="fanSpeed"):
+        parse_policy({"spec": {"qos": {"weights": {"training": {"fanSpeed": 1}}}}})
+    with pytest.raises(PolicyError, match="fanSpeed"):
+        parse_policy({"spec": {"weights": {"fanSpeed": 1}}})
 
 
 def test_a_document_that_is_not_a_mapping_is_refused():
