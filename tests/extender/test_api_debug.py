@@ -1,3 +1,4 @@
+from scheduler_extender.policy.rules import TERMS
 from tests.builders import args_names, gpu, pod, report
 
 
@@ -15,7 +16,7 @@ async def test_explain_lists_every_term_before_and_after_weighting(client):
     assert by_node["b"] == by_node["b"] | {"verdict": "failed", "reason": "edgegpu: gpu too hot"}
     assert by_node["c"]["verdict"] == "unresolvable"
     terms = by_node["a"]["terms"]
-    assert set(terms) == {"thermal", "power", "memoryFit", "powerSaving", "health", "topology"}
+    assert set(terms) == set(TERMS)
     assert terms["thermal"]["value"] == 0.5
     total = sum(t["weight"] for t in terms.values())
     assert round(sum(t["weighted"] for t in terms.values()), 3) == round(

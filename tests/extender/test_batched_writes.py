@@ -33,7 +33,10 @@ def gpu_rows(draw: st.DrawFn) -> np.ndarray:
     rows = [
         (
             i,
-            *(draw(st.one_of(st.just(np.nan), st.floats(0, 100))) for _ in range(7)),
+            *(
+                draw(st.one_of(st.just(np.nan), st.floats(0, 100)))
+                for _ in GPU_REPORT_COLUMNS[1:-2]
+            ),
             float(draw(st.booleans())),
             float(draw(st.integers(0, 2))),
         )

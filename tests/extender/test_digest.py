@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given, settings, strategies as st
 
 from scheduler_extender.domain import Health
+from scheduler_extender.gpu_fields import GPU_FIELDS
 from scheduler_extender.names import RACK_LABEL
 from scheduler_extender.report import DIGEST_COLUMNS, digest
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 
+REASONS = ["gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "sync_boost"]
 readings = st.one_of(st.none(), st.floats(0, 150, allow_nan=False))
 processes = st.lists(
     st.fixed_dictionaries(
@@ -42,6 +45,7 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
             health=draw(st.sampled_from(["healthy", "degraded", "unhealthy"])),
             processes=draw(processes),
             uuid=f"GPU-{i}-{draw(st.integers(0, 1))}",
+            throttle_reasons=draw(st.lists(st.sampled_from(REASONS), max_size=3, unique=True)),
         )
         for i in indices
     ]
@@ -58,6 +62,9 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
 
 def _value(v: float | None) -> float:
     return math.nan if v is None else float(v)
+
+
+DERIVED = {f.name: f for f in GPU_FIELDS if f.derive is not None}
 
 
 def _same(a: list[float], b: list[float]) -> bool:
@@ -81,6 +88,8 @@ def test_a_digest_holds_what_the_report_says(doc):
     for name in DIGEST_COLUMNS:
         if name == "health":
             want = [float(Health.from_wire(g["health"])) for g in doc["gpus"]]
+        elif name in DERIVED:  # worked out from other fields: the field table's own test
+            want = [_value(DERIVED[name].read(SimpleNamespace(**g))) for g in doc["gpus"]]
         else:
             want = [_value(g[name]) for g in doc["gpus"]]
         assert _same(made.column(name), want), name
