@@ -10,6 +10,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+SLOWDOWN_REASONS: Final = frozenset(
+    {
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
+"""Throttle reasons (NVML's clock event reasons) that hold clocks down for heat or power."""
+
+
+def _slowdown(gpu: Any) -> float:
+    return 1.0 if SLOWDOWN_REASONS.intersection(gpu.throttle_reasons) else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class GpuField:
@@ -78,6 +93,12 @@ GPU_FIELDS: Final = (
         kept=False,
         metric="node_gpu_sm_clock_max_hertz",
         scale=1e6,
+    ),
+    GpuField(
+        "slowdown",
+        "1 while the GPU's clocks are held down for heat or power (thermal or power throttling).",
+        metric="node_gpu_clock_slowdown",
+        derive=_slowdown,
     ),
 )
 """Every field, in the order digests and table columns hold them."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from scheduler_extender.policy.base import Term
-from scheduler_extender.policy.rules import health, memory, power, thermal, topology
+from scheduler_extender.policy.rules import health, memory, power, thermal, throttle, topology
 
 REGISTRY: Final[tuple[Term, ...]] = (
     thermal.TERM,
@@ -18,6 +18,7 @@ REGISTRY: Final[tuple[Term, ...]] = (
     memory.TERM,
     power.SAVING_TERM,
     health.TERM,
+    throttle.TERM,
     topology.TERM,
 )
 """Every score term, in the order explanations list them."""
