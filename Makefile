@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd proto bench bench-quick bench-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto bench bench-quick bench-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ check: test ## alias of test
 
 crd: $(STAMP) ## regenerate manifests/crd/ from the policy model
 	$(VENV)/bin/python -m scheduler_extender.crd > manifests/crd/gpuschedulingpolicies.yaml
+
+chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
+	$(VENV)/bin/python -m tools.chart
 
 proto: $(STAMP) ## regenerate the device plugin's gRPC modules from node_agent/deviceplugin/api.proto
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto
