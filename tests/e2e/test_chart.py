@@ -10,17 +10,14 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, build_go_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "edgegpu"
 
 
 def _helm() -> str:
-    build = ROOT / "tests" / "e2e" / "build-helm.sh"
-    return subprocess.run(
-        ["bash", str(build)], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    return build_go_tool("helm", "helm.sh/helm/v4/cmd/helm", "v4.3.2")
 
 
 def _run(*args: str) -> str:
