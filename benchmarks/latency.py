@@ -467,7 +467,7 @@ def ingest_rate(server: Server, nodes: int, seconds: float) -> tuple[float, floa
 def agent_cost(port: int, seconds: float) -> dict[str, float]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "node_agent", "--backend", "simulated", "--gpus", "8", "--node-name", "bench-agent",
-         "--interval-s", "1", "--metrics-port", "0", "--extender-url", f"http://127.0.0.1:{port}", "--log-level", "warning"],
+         "--interval-s", "1", "--metrics-port", "0", "--extender-urls", f"http://127.0.0.1:{port}", "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

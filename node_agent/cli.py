@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from node_agent import __version__, health, power
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
-from node_agent.backends.simulated import SCENARIOS
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
 from node_agent.deviceplugin.plugin import BlockPlugin, DevicePluginServer
@@ -31,91 +31,28 @@ from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
 from node_agent.push import FlappingLinkTransport, Pusher
 from scheduler_extender import logs
-from scheduler_extender.flags import Parser, describe_settings
+from scheduler_extender.flags import SettingsCli
 
 log = logging.getLogger("node_agent")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = Parser(
+def command_line() -> SettingsCli[AgentSettings]:
+    """The agent's flags: one per setting, plus its own actions."""
+    cli = SettingsCli(
+        AgentSettings,
         prog="gpu-node-agent",
         description="edgegpu node agent. Every setting is also read from EDGEGPU_AGENT_<NAME> "
         "(the node name from NODE_NAME); a flag wins over its variable.",
+        env_prefix="EDGEGPU_AGENT_",
     )
-    p.add_argument("--backend", choices=["nvml", "amd", "intel", "simulated", "jetson"])
-    p.add_argument("--extender-url", help="extender URL(s), comma-separated (every replica)")
-    p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
-    p.add_argument(
-        "--resolve-all",
-        action="store_true",
-        default=None,
-        help="push to every address the extender host resolves to (a headless Service)",
-    )
-    p.add_argument("--interval-s", type=float)
-    p.add_argument("--once", action="store_true", help="one round, then exit")
-    p.add_argument(
-        "--print", action="store_true", dest="print_report", help="print the report JSON"
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", default=None, help="plan power changes, apply none"
-    )
-    p.add_argument("--no-power-control", action="store_false", dest="power_control", default=None)
-    p.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off; default 9400)")
-    p.add_argument("--metrics-host")
-    p.add_argument("--token-file", help="ServiceAccount token file (sent as a bearer token)")
-    p.add_argument("--reboot-sentinel", help="file written when the extender decides on a reboot")
-    p.add_argument("--device-plugin", action=argparse.BooleanOptionalAction, default=None,
-                   help="serve kubelet's device plugin for edgegpu.io/gpu-mem-block")  # fmt: skip
-    p.add_argument("--kubelet-dir", help="kubelet's device-plugins folder")
-    p.add_argument("--block-mib", type=int, help="MiB per memory block (the policy's, once heard)")
-    p.add_argument("--label", action="append", default=[], help="node label KEY=VALUE (repeatable)")
-    p.add_argument("--max-temp-c", type=float)
-    p.add_argument("--cool-down-s", type=float)
-    p.add_argument("--no-power-saving", action="store_false", dest="power_saving", default=None)
-    p.add_argument("--power-saving-threshold-pct", type=float)
-    p.add_argument("--power-saving-window-s", type=float)
-    p.add_argument("--saving-clock-mhz", type=float)
-    p.add_argument("--fatal-xids", help="comma-separated XIDs that make a GPU unhealthy")
-    p.add_argument("--gpus", type=int, help="simulated: number of GPUs")
-    p.add_argument("--seed", type=int, help="simulated: seed")
-    p.add_argument("--scenario", help=f"simulated: one of {', '.join(SCENARIOS)}")
-    p.add_argument("--scenario-after-s", type=float, help="simulated: when the fault starts")
-    p.add_argument("--load-pct", type=float, help="simulated: fixed utilisation")
-    p.add_argument("--model", help="simulated: GPU model (Tesla T4, NVIDIA A10, NVIDIA L4)")
-    p.add_argument("--proc-root", help="nvml: host /proc for process → pod mapping")
-    p.add_argument("--dev-root", help="nvml: where /dev/nvidia* device nodes are")
-    p.add_argument("--device-plugin-socket", help="nvml: device plugin socket to check")
-    p.add_argument("--cuda-probe-interval-s", type=float, help="nvml: CUDA probe period (0 = off)")
-    p.add_argument("--sysfs-root", help="jetson: root of the sysfs/procfs tree (default /)")
-    p.add_argument(
+    cli.flag("--once", action="store_true", help="one round, then exit")
+    cli.flag("--print", action="store_true", dest="print_report", help="print the report JSON")
+    cli.flag(
         "--self-test", action="store_true", help="run nvidia-smi, dcgmi diag and the CUDA probe"
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    describe_settings(p, AgentSettings, "EDGEGPU_AGENT_")
-    return p
-
-
-def _settings(ns: argparse.Namespace) -> AgentSettings:
-    given: dict[str, Any] = {}
-    for key in (
-        "backend", "node_name", "resolve_all", "interval_s", "metrics_port", "metrics_host",
-        "dry_run", "power_control", "token_file", "max_temp_c", "cool_down_s", "power_saving",
-        "power_saving_threshold_pct", "power_saving_window_s", "saving_clock_mhz", "gpus",
-        "seed", "scenario", "scenario_after_s", "load_pct", "model", "proc_root", "dev_root",
-        "device_plugin_socket", "cuda_probe_interval_s", "sysfs_root", "reboot_sentinel",
-        "device_plugin", "kubelet_dir", "block_mib",
-    ):  # fmt: skip
-        value = getattr(ns, key)
-        if value is not None:
-            given[key] = value
-    if ns.extender_url:
-        given["extender_urls"] = [u.strip() for u in ns.extender_url.split(",") if u.strip()]
-    if ns.fatal_xids:
-        given["fatal_xids"] = [int(x) for x in ns.fatal_xids.split(",") if x.strip()]
-    if ns.label:
-        given["labels"] = dict(item.split("=", 1) for item in ns.label if "=" in item)
-    return AgentSettings(**given)
+    cli.flag("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cli.flag("--version", action="version", version=f"%(prog)s {__version__}")
+    return cli
 
 
 def _backend(settings: AgentSettings) -> GpuBackend:
@@ -243,19 +180,18 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, open the backend, run."""
-    ns = _parser().parse_args(argv)
-    logs.setup(ns.log_level)
     try:
-        settings = _settings(ns)
-    except (ValidationError, ValueError) as exc:
-        errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
-        if not errors:
-            print(f"gpu-node-agent: {exc}", file=sys.stderr)
-        for err in errors:
+        settings, ns = command_line().parse(argv)
+    except SettingsError as exc:
+        print(f"gpu-node-agent: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
             where = ".".join(map(str, err["loc"])) or "settings"
             hint = " (set --node-name or NODE_NAME)" if where == "node_name" else ""
             print(f"gpu-node-agent: {where}: {err['msg']}{hint}", file=sys.stderr)
         return 2
+    logs.setup(ns.log_level)
     try:
         backend = _backend(settings)
         backend.open()

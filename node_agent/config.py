@@ -5,9 +5,10 @@ Validated once at start-up; every error is listed at once (exit status 2).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -19,8 +20,7 @@ class AgentSettings(BaseSettings):
     backend: str = Field("nvml", description="nvml | amd | intel | simulated | jetson")
     node_name: str = Field(
         min_length=1,
-        validation_alias=AliasChoices("node_name", "NODE_NAME", "EDGEGPU_AGENT_NODE_NAME"),
-        description="This node's name; NODE_NAME comes from the downward API in the DaemonSet.",
+        description="This node's name; else $NODE_NAME (the downward API in the DaemonSet).",
     )
     extender_urls: list[str] = Field(
         default_factory=list, description="Every extender replica to push to (empty = do not push)."
@@ -82,6 +82,13 @@ class AgentSettings(BaseSettings):
     )
     # Jetson backend.
     sysfs_root: Path = Field(Path("/"), description="Root of sysfs/procfs for the Jetson backend.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_name_from_downward_api(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("node_name") and os.environ.get("NODE_NAME"):
+            return {**data, "node_name": os.environ["NODE_NAME"]}
+        return data
 
     @field_validator("extender_urls")
     @classmethod

@@ -6,71 +6,41 @@ once and the process exits with status 2.
 
 from __future__ import annotations
 
-import argparse
 import ssl
 import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
-from scheduler_extender.flags import Parser, describe_settings
+from scheduler_extender.flags import SettingsCli
 from scheduler_extender.serving import uvicorn_options
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = Parser(
+def command_line() -> SettingsCli[ExtenderSettings]:
+    """The extender's flags: one per setting, plus its own actions."""
+    cli = SettingsCli(
+        ExtenderSettings,
         prog="gpu-sched-extender",
         description="GPU-aware kube-scheduler extender. Every setting is also read from "
         "EDGEGPU_<NAME>; a flag wins over its variable.",
+        env_prefix="EDGEGPU_",
     )
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8888)")
-    p.add_argument("--policy", type=Path, dest="policy_file", help="GPUSchedulingPolicy file")
-    p.add_argument("--path-prefix", help="path part of the scheduler's urlPrefix")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--debug-endpoints",
-        choices=["on", "loopback", "off"],
-        help="who may read /debug/*: anyone (default), loopback clients, nobody",
-    )
-    p.add_argument("--kubeconfig", type=Path, help="kubeconfig of the cluster (default: embedded)")
-    p.add_argument(
-        "--in-cluster", action="store_true", default=None, help="use the Pod's ServiceAccount"
-    )
-    p.add_argument("--policy-name", help="GPUSchedulingPolicy custom resource to follow")
-    p.add_argument("--namespace", help="namespace of the leader Lease")
-    p.add_argument("--no-leader-elect", action="store_false", dest="leader_elect", default=None)
-    p.add_argument("--agent-namespace", help="namespace of the node agents")
-    p.add_argument("--agent-service-account", help="ServiceAccount of the node agents")
-    p.add_argument("--static-token-file", type=Path, help="'TOKEN NODE' lines for agent auth")
-    p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate")
-    p.add_argument("--tls-key-file", type=Path, help="the certificate's private key")
-    p.add_argument(
-        "--client-ca-file", type=Path, help="the scheduler's verbs need a client cert of this CA"
-    )
-    p.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    describe_settings(p, ExtenderSettings, "EDGEGPU_")
-    return p
-
-
-def settings_from(ns: argparse.Namespace) -> ExtenderSettings:
-    """The settings the parsed flags give (flags win over ``EDGEGPU_*``; ValidationError)."""
-    overrides: dict[str, Any] = {
-        k: v for k, v in vars(ns).items() if v is not None and k != "check_policy"
-    }
-    return ExtenderSettings(**overrides)
+    cli.flag("--check-policy", action="store_true", help="validate the policy and exit")
+    cli.flag("--version", action="version", version=f"%(prog)s {__version__}")
+    return cli
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, validate everything, serve."""
-    ns = _parser().parse_args(argv)
     try:
-        settings = settings_from(ns)
+        settings, ns = command_line().parse(argv)
+    except SettingsError as exc:
+        print(f"gpu-sched-extender: {exc}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             print(

@@ -40,7 +40,9 @@ class ExtenderSettings(BaseSettings):
     max_telemetry_bytes: int = Field(
         1024 * 1024, gt=0, description="Cap on one telemetry push (64 GPUs fit in ~100 kB)."
     )
-    log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Least severe log level written."
+    )
     debug_endpoints: Literal["on", "loopback", "off"] = Field(
         "on",
         description="Who may read /debug/*: everyone who reaches the port, loopback clients "

@@ -1,18 +1,21 @@
-"""Command-line help that says each setting's default and environment variable.
+"""Command lines made from pydantic-settings models: one flag per setting, no mirror to keep.
 
-Both CLIs mirror their pydantic-settings fields as flags; the help of a flag whose destination
-is a settings field is completed from the field (its description, default and
-``<PREFIX><NAME>`` variable), so no flag is left without them. Errors print one line and a
-pointer to ``--help`` instead of the whole usage.
+``SettingsCli`` puts pydantic-settings' own CLI source on an argparse parser that also holds the
+command's actions (``--version``, ``--once``): each setting becomes ``--kebab-name`` (booleans
+``--x``/``--no-x``, lists comma-separated, mappings ``KEY=VALUE`` repeated), its help says its
+default and ``<PREFIX><NAME>`` variable, and a flag wins over its variable. Errors print one line
+and a pointer to ``--help`` instead of the whole usage.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+from collections.abc import Iterable
+from typing import Generic, NoReturn, TypeVar
 
-from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic_settings import BaseSettings, CliSettingsSource
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,24 +26,55 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list | dict | tuple) and not value:
-        return "none"
-    return str(value)
+class SettingsCli(Generic[S]):
+    """A command's parser: its own flags (added to ``parser`` first), then one per setting."""
+
+    def __init__(self, model: type[S], *, prog: str, description: str, env_prefix: str) -> None:
+        self.model = model
+        self.parser = Parser(prog=prog, description=description)
+        self._prefix = env_prefix
+        self._own: list[str] = []
+        self._source: CliSettingsSource[S] | None = None
+
+    def flag(self, *names: str, **kwargs: object) -> None:
+        """Add one of the command's own flags (not a setting)."""
+        action = self.parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
+        if action.default is not argparse.SUPPRESS:  # --version and --help leave no value
+            self._own.append(action.dest)
+
+    def _settings_source(self) -> CliSettingsSource[S]:
+        if self._source is None:
+            self._source = CliSettingsSource(
+                self.model,
+                root_parser=self.parser,
+                cli_prog_name=self.parser.prog,
+                cli_kebab_case=True,
+                cli_implicit_flags=True,
+            )
+            _name_variables(self.parser, self.model.model_fields, self._prefix)
+        return self._source
+
+    def parse(self, argv: Iterable[str] | None = None) -> tuple[S, argparse.Namespace]:
+        """The settings (flags over variables) and the command's own flags.
+
+        Raises pydantic's ``ValidationError`` or pydantic-settings' ``SettingsError``.
+        """
+        source = self._settings_source()
+        ns = self.parser.parse_args(None if argv is None else list(argv))
+        own = argparse.Namespace(**{dest: getattr(ns, dest) for dest in self._own})
+        for dest in self._own:
+            delattr(ns, dest)
+        return self.model(_cli_settings_source=source(parsed_args=ns)), own
+
+    def format_help(self) -> str:
+        """``--help``'s text."""
+        self._settings_source()
+        return self.parser.format_help()
 
 
-def describe_settings(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str) -> None:
-    """Complete the help of every flag that sets a field of ``model``."""
-    fields = model.model_fields
+def _name_variables(parser: argparse.ArgumentParser, fields: Iterable[str], prefix: str) -> None:
+    """Add each setting's environment variable to its flag's help."""
+    names = set(fields)
     for action in parser._actions:
-        field = fields.get(action.dest)
-        if field is None or action.help == argparse.SUPPRESS:
-            continue
-        text = action.help or field.description or ""
-        default = field.default
-        if default is not PydanticUndefined and default is not None:
-            text += f" (default: {_shown(default)})"
-        text += f" [${prefix}{action.dest.upper()}]"
-        action.help = text.strip().replace("%", "%%")
+        if action.dest in names and action.help != argparse.SUPPRESS:
+            action.help = f"{action.help or ''} [${prefix}{action.dest.upper()}]".strip()

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         str(args.port),
     ]
     if args.policy:
-        cmd += ["--policy", args.policy]
+        cmd += ["--policy-file", args.policy]
     procs: list[subprocess.Popen[bytes]] = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
     try:
         if not _wait_for(f"{base}/healthz", 30.0, procs):
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                         sys.executable, "-m", "node_agent", "--backend", "simulated",
                         "--node-name", name, "--gpus", str(2 + (i % 3) * 2), "--seed", str(i),
                         "--scenario", scenario, "--scenario-after-s", "15",
-                        "--extender-url", base, "--interval-s", str(args.interval_s),
+                        "--extender-urls", base, "--interval-s", str(args.interval_s),
                         "--metrics-port", str(args.metrics_base_port + i),
                         "--metrics-host", "127.0.0.1",
-                        "--label", f"edgegpu.io/rack=rack-{'ab'[i % 2]}",
+                        "--labels", f"edgegpu.io/rack=rack-{'ab'[i % 2]}",
                         "--log-level", "warning",
                         *(["--model", VENDOR_MODELS[i]] if i in VENDOR_MODELS else []),
                     ],

@@ -368,7 +368,7 @@ class Agent:
             sys.executable, "-m", "node_agent", "--backend", "simulated",
             "--node-name", self.node, "--gpus", str(self.gpus), "--seed", str(self.seed),
             "--scenario", self.scenario, "--scenario-after-s", str(self.scenario_after_s),
-            "--extender-url", ",".join(self.extender_urls), "--interval-s", str(self.interval_s),
+            "--extender-urls", ",".join(self.extender_urls), "--interval-s", str(self.interval_s),
             "--metrics-port", "0", "--token-file", str(token_file), "--log-level", "warning",
             *self.extra_args,
         ], env={"PYTHONUNBUFFERED": "1"})  # fmt: skip

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 import tools.chart
+from node_agent.cli import command_line as agent_command_line
 from node_agent.config import AgentSettings
 from scheduler_extender import crd
 from scheduler_extender.api.app import create_app
-from scheduler_extender.cli import _parser as extender_parser, settings_from
+from scheduler_extender.cli import command_line as extender_command_line
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCES
 from scheduler_extender.policy.document import parse_policy
@@ -182,9 +183,9 @@ def test_the_node_agent_daemonset_is_the_seed_shape_and_agrees_with_the_agent():
         for a in c["args"]
     )
     for flag in args:
-        assert flag.replace("-", "_") in fields | {"extender_url"}, flag
+        assert flag.replace("-", "_") in fields, flag
     assert args["metrics-port"] == str(c["ports"][0]["containerPort"]) == "9400"
-    assert "edgegpu-extender-headless" in args["extender-url"]
+    assert "edgegpu-extender-headless" in args["extender-urls"]
     token_mount = next(m for m in c["volumeMounts"] if m["name"] == "token")
     assert args["token-file"].startswith(token_mount["mountPath"])
     projected = next(v for v in pod["volumes"] if v["name"] == "token")["projected"]["sources"][0]
@@ -224,8 +225,16 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
 
 def test_the_extenders_arguments_are_flags_it_takes_and_valid_settings():
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
-    settings = settings_from(extender_parser().parse_args(c["args"]))
+    settings, _ = extender_command_line().parse(c["args"])
     assert settings.has_cluster and settings.host == "0.0.0.0"
+
+
+def test_the_agents_arguments_are_flags_it_takes_and_valid_settings(monkeypatch):
+    (c,) = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]["containers"]
+    monkeypatch.setenv("NODE_NAME", "gpu-1")  # the downward API's
+    settings, own = agent_command_line().parse(c["args"])
+    assert settings.extender_urls and settings.device_plugin and settings.resolve_all
+    assert not own.once
 
 
 def test_agents_push_to_every_extender_on_its_port():
@@ -236,7 +245,7 @@ def test_agents_push_to_every_extender_on_its_port():
     assert headless["clusterIP"] == "None"
     service_port = next(p for p in headless["ports"] if p["targetPort"] == "http")["port"]
     (agent,) = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]["containers"]
-    url = next(a for a in agent["args"] if a.startswith("--extender-url="))
+    url = next(a for a in agent["args"] if a.startswith("--extender-urls="))
     assert url.endswith(f"edgegpu-extender-headless.edgegpu-system.svc:{service_port}")
 
 
