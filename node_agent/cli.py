@@ -17,8 +17,6 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
 from node_agent import __version__, health, power
 from node_agent.backends import load_backend
@@ -180,17 +178,10 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, open the backend, run."""
-    try:
-        settings, ns = command_line().parse(argv)
-    except SettingsError as exc:
-        print(f"gpu-node-agent: {exc}", file=sys.stderr)
+    parsed = command_line().parse_or_report(argv, {"node_name": " (set --node-name or NODE_NAME)"})
+    if parsed is None:
         return 2
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            where = ".".join(map(str, err["loc"])) or "settings"
-            hint = " (set --node-name or NODE_NAME)" if where == "node_name" else ""
-            print(f"gpu-node-agent: {where}: {err['msg']}{hint}", file=sys.stderr)
-        return 2
+    settings, ns = parsed
     logs.setup(ns.log_level)
     try:
         backend = _backend(settings)

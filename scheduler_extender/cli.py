@@ -10,9 +10,6 @@ import ssl
 import sys
 from typing import Any
 
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
-
 from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
@@ -36,18 +33,10 @@ def command_line() -> SettingsCli[ExtenderSettings]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, validate everything, serve."""
-    try:
-        settings, ns = command_line().parse(argv)
-    except SettingsError as exc:
-        print(f"gpu-sched-extender: {exc}", file=sys.stderr)
+    parsed = command_line().parse_or_report(argv)
+    if parsed is None:
         return 2
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            print(
-                f"gpu-sched-extender: {'.'.join(map(str, err['loc']))}: {err['msg']}",
-                file=sys.stderr,
-            )
-        return 2
+    settings, ns = parsed
     try:
         policy = load_policy(settings.policy_file)
     except PolicyError as exc:

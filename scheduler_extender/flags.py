@@ -10,10 +10,12 @@ and a pointer to ``--help`` instead of the whole usage.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Generic, NoReturn, TypeVar
 
-from pydantic_settings import BaseSettings, CliSettingsSource
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsError
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -65,6 +67,24 @@ class SettingsCli(Generic[S]):
         for dest in self._own:
             delattr(ns, dest)
         return self.model(_cli_settings_source=source(parsed_args=ns)), own
+
+    def parse_or_report(
+        self, argv: Iterable[str] | None = None, hints: Mapping[str, str] | None = None
+    ) -> tuple[S, argparse.Namespace] | None:
+        """``parse``, or None once every problem is written to stderr, one a line.
+
+        A setting's ``hints`` entry is appended to its problems.
+        """
+        try:
+            return self.parse(argv)
+        except SettingsError as exc:
+            sys.stderr.write(f"{self.parser.prog}: {exc}\n")
+        except ValidationError as exc:
+            for err in exc.errors(include_url=False):
+                where = ".".join(map(str, err["loc"])) or "settings"
+                hint = (hints or {}).get(where, "")
+                sys.stderr.write(f"{self.parser.prog}: {where}: {err['msg']}{hint}\n")
+        return None
 
     def format_help(self) -> str:
         """``--help``'s text."""
