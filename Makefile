@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto bench bench-quick bench-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,6 +75,10 @@ $(BENCH_STAMP): $(STAMP)
 bench-e2e: $(STAMP) ## the real kube-scheduler with and without the extender, 1k and 5k nodes (benchmarks/results/e2e.json)
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	$(PY) -m benchmarks.e2e $(BENCH_ARGS)
+
+bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the replay harness (benchmarks/results/openb-e2e.json, ~5 min)
+	bash tests/e2e/build-controlplane.sh >/dev/null
+	$(PY) -m benchmarks.openb_e2e --profiles recommended,gpupods $(BENCH_ARGS)
 
 bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation, whole GPUs vs memory blocks (benchmarks/results/sharing.json, seconds)
 	$(PY) -m benchmarks.sharing $(BENCH_ARGS)
