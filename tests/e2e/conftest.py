@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,14 +50,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
             if not E2E:
                 item.add_marker(pytest.mark.skip(reason="the real control plane: make e2e"))
-
-
-def build_go_tool(name: str, package: str, version: str) -> str:
-    """Path of a Go command built once from the Go module proxy (``build-go-tool.sh``)."""
-    script = Path(__file__).with_name("build-go-tool.sh")
-    return subprocess.run(
-        ["bash", str(script), name, package, version], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 @dataclass

@@ -79,6 +79,9 @@ class Extender:
     port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
     process: Process | None = None
+    deployment: dict[str, Any] | None = None
+    """The Deployment it runs as (default: manifests/extender/deployment.yaml's)."""
+    namespace: str = NAMESPACE
 
     @property
     def url(self) -> str:
@@ -92,9 +95,8 @@ class Extender:
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The manifest's arguments and environment, rewritten for a process on loopback."""
-        container = _deployment("extender/deployment.yaml")["spec"]["template"]["spec"][
-            "containers"
-        ][0]
+        deployment = self.deployment or _deployment("extender/deployment.yaml")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
         args = [str(a) for a in container["args"]]
         out: list[str] = []
         it = iter(args)
@@ -110,7 +112,7 @@ class Extender:
             else:
                 out.append(arg)
         env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-        fields = {"metadata.namespace": NAMESPACE, "metadata.name": self.name}
+        fields = {"metadata.namespace": self.namespace, "metadata.name": self.name}
         for var in container.get("env") or []:
             if "value" in var:
                 env[var["name"]] = str(var["value"])
@@ -121,7 +123,7 @@ class Extender:
     @property
     def kubeconfig(self) -> Path:
         """The kubeconfig with the extender ServiceAccount's token."""
-        return self.cp.service_account_kubeconfig(NAMESPACE, "edgegpu-extender")
+        return self.cp.service_account_kubeconfig(self.namespace, "edgegpu-extender")
 
     def start(self, wait_ready: bool = True) -> None:
         """Start the replica; wait for /readyz (caches synced) unless told not to."""

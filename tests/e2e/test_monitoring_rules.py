@@ -8,16 +8,14 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.conftest import build_go_tool
+from tests.gotools import PROMTOOL, build_go_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests" / "monitoring"
 
 
 def test_promtool_checks_and_unit_tests_the_alert_rules(tmp_path: Path) -> None:
-    promtool = build_go_tool(
-        "promtool", "github.com/prometheus/prometheus/cmd/promtool", "v0.316.0"
-    )  # Prometheus 3.x's module version
+    promtool = build_go_tool(*PROMTOOL)
     rule = yaml.safe_load((ROOT / "manifests/monitoring/prometheusrule.yaml").read_text())
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     (tmp_path / "rules-test.yaml").write_text((TESTS / "rules-test.yaml").read_text())

@@ -13,7 +13,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-import tools.chart
 from node_agent.cli import command_line as agent_command_line
 from node_agent.config import AgentSettings
 from scheduler_extender import crd
@@ -306,26 +305,3 @@ async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exp
 def test_the_crd_is_the_one_generated_from_the_policy_model():
     # `make crd` writes it; a policy field added without regenerating fails here.
     assert (MANIFESTS / "crd" / "gpuschedulingpolicies.yaml").read_text() == crd.render()
-
-
-def test_the_helm_chart_is_the_one_generated_from_the_manifests(tmp_path):
-    # `make chart` writes it from manifests/; the e2e suite renders it with a real helm.
-    chart = MANIFESTS.parent / "charts" / "edgegpu"
-    committed = {
-        p.relative_to(chart).as_posix(): p.read_text() for p in chart.rglob("*") if p.is_file()
-    }
-    assert committed == tools.chart.files()
-
-
-def test_a_manifest_edit_that_a_chart_value_no_longer_matches_stops_the_chart_build(monkeypatch):
-    real = Path.read_text
-
-    def edited(path: Path, *args: Any, **kwargs: Any) -> str:
-        text = real(path, *args, **kwargs)
-        return (
-            text.replace("replicas: 2", "replicas: 3") if path.name == "deployment.yaml" else text
-        )
-
-    monkeypatch.setattr(Path, "read_text", edited)
-    with pytest.raises(ValueError, match="not there exactly once"):
-        tools.chart.files()

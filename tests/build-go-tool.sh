@@ -2,8 +2,8 @@
 # Builds a Go command from the Go module proxy once, into
 #   ${EDGEGPU_E2E_CACHE:-~/.cache/edgegpu-e2e}/<name>-<version>/<name>
 # and prints its path. The suite's tools:
-#   build-go-tool.sh promtool github.com/prometheus/prometheus/cmd/promtool v0.316.0  (~5 min)
-#   build-go-tool.sh helm helm.sh/helm/v4/cmd/helm v4.3.2                            (~2 min)
+#   tests/build-go-tool.sh promtool github.com/prometheus/prometheus/cmd/promtool v0.316.0  (~5 min)
+#   tests/build-go-tool.sh helm helm.sh/helm/v4/cmd/helm v4.3.2                            (~2 min)
 set -euo pipefail
 name=$1 package=$2 version=$3
 out="${EDGEGPU_E2E_CACHE:-$HOME/.cache/edgegpu-e2e}/$name-$version"

@@ -1,0 +1,122 @@
+"""The Helm chart: generated from manifests/, linted and rendered by a real helm, and its
+objects valid Kubernetes objects with any of its values."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import tools.chart
+from tests.gotools import HELM, build_go_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "edgegpu"
+K8S_VERSION = "1.34.0"
+CUSTOM_KINDS = {"GPUSchedulingPolicy", "CustomResourceDefinition"}
+
+
+def test_the_helm_chart_is_the_one_generated_from_the_manifests():
+    # `make chart` writes it from manifests/.
+    committed = {
+        p.relative_to(CHART).as_posix(): p.read_text() for p in CHART.rglob("*") if p.is_file()
+    }
+    assert committed == tools.chart.files()
+
+
+def test_a_manifest_edit_that_a_chart_value_no_longer_matches_stops_the_chart_build(monkeypatch):
+    real = Path.read_text
+
+    def edited(path: Path, *args: Any, **kwargs: Any) -> str:
+        text = real(path, *args, **kwargs)
+        return (
+            text.replace("replicas: 2", "replicas: 3") if path.name == "deployment.yaml" else text
+        )
+
+    monkeypatch.setattr(Path, "read_text", edited)
+    with pytest.raises(ValueError, match="not there exactly once"):
+        tools.chart.files()
+
+
+def _helm(*args: str) -> str:
+    proc = subprocess.run([build_go_tool(*HELM), *args], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _objects(text: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs}
+
+
+def _kustomized() -> dict[tuple[str, str, str], dict[str, Any]]:
+    """What ``kubectl apply -k manifests/`` creates (its image tags applied), and the CRD."""
+    manifests = ROOT / "manifests"
+    kustomization = yaml.safe_load((manifests / "kustomization.yaml").read_text())
+    tags = {i["name"]: i["newTag"] for i in kustomization["images"]}
+    text = "\n---\n".join(
+        (manifests / r).read_text()
+        for r in [*kustomization["resources"], "crd/gpuschedulingpolicies.yaml"]
+    )
+    objects = _objects(text)
+    for obj in objects.values():
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []):
+            if c["image"] in tags:
+                c["image"] = f"{c['image']}:{tags[c['image']]}"
+    return objects
+
+
+def test_helm_lints_the_chart_and_its_defaults_render_the_manifests_objects():
+    lint = _helm("lint", str(CHART), "--strict")
+    assert "0 chart(s) failed" in lint, lint
+    rendered = _objects(
+        _helm("template", "edgegpu", str(CHART), "--namespace", "edgegpu-system", "--include-crds")
+    )
+    kustomized = _kustomized()
+    del kustomized[("Namespace", "", "edgegpu-system")]  # helm install --create-namespace
+    assert sorted(rendered) == sorted(kustomized)
+    for key, obj in kustomized.items():
+        assert rendered[key] == obj, key
+
+
+def test_other_values_render_valid_objects_that_carry_them():
+    objects = _objects(
+        _helm(
+            "template", "edge", str(CHART), "--namespace", "edge-ops",
+            "--set", "extender.replicas=3", "--set", "nodeAgent.backend=amd",
+            "--set", "nodeAgent.nodeSelector.gpu=amd-mi210",
+            "--set", "nodeAgent.powerControl=false", "--set", "nodeAgent.privileged=false",
+            "--set-json", 'nodeAgent.tolerations=[{"key":"node-role.kubernetes.io/edge",'
+                          '"operator":"Exists","effect":"NoSchedule"}]',
+            "--set", "scheduler.enabled=false", "--set", "policyName=edge-ops-policy",
+            "--set", "policy.thermalThrottling.maxTemp=80",
+            "--set", "policy.remediation.enabled=true",
+        )
+    )  # fmt: skip
+    for (kind, _, _), obj in objects.items():
+        if kind not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert not [k for k in objects if "scheduler" in k[2]]
+    extender = objects[("Deployment", "edge-ops", "edgegpu-extender")]["spec"]
+    assert extender["replicas"] == 3
+    env = {e["name"]: e.get("value") for e in extender["template"]["spec"]["containers"][0]["env"]}
+    assert env["EDGEGPU_POLICY_NAME"] == "edge-ops-policy"
+    assert env["EDGEGPU_AGENT_NAMESPACE"] == "edge-ops"
+    agent = objects[("DaemonSet", "edge-ops", "edgegpu-node-agent")]["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    assert "--backend=amd" in container["args"]
+    assert "edgegpu-extender-headless.edge-ops.svc" in " ".join(container["args"])
+    assert agent["nodeSelector"] == {"accelerator": "nvidia-tesla", "gpu": "amd-mi210"}
+    assert agent["tolerations"] == [
+        {"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert {"name": "EDGEGPU_AGENT_POWER_CONTROL", "value": "false"} in container["env"]
+    assert container["securityContext"]["privileged"] is False
+    policy = objects[("GPUSchedulingPolicy", "", "edge-ops-policy")]["spec"]
+    assert policy["thermalThrottling"] == {"maxTemp": 80, "coolDownPeriod": "5m"}
+    assert policy["remediation"] == {"enabled": True}
