@@ -52,7 +52,7 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         if ctx.state.reserved(demand.uid):
             ctx.state.release(demand.uid)  # filtered again: the cycle that reserved did not bind
         names = args.candidates()
-        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names)
+        decision = ctx.state.decider.decide(names, demand, args.labels(), args.raw_names)
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
         nameset = decision.nameset
         if args.raw_names is not None and nameset is not None:
@@ -89,7 +89,9 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
         args = wire.parse_extender_args(body, "prioritize")
         demand = _demand(ctx, args.pod)
         names = args.candidates()
-        decision = ctx.state.decide(names, demand, args.labels(), args.raw_names, verb="prioritize")
+        decision = ctx.state.decider.decide(
+            names, demand, args.labels(), args.raw_names, verb="prioritize"
+        )
         if decision.nameset is not None and args.raw_names is not None:
             answer = decision.nameset.priorities(decision.points, demand_key(demand))
         else:

@@ -11,7 +11,6 @@ import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -23,27 +22,14 @@ from scheduler_extender.policy.combine import (
     Context,
     Evaluation,
     evaluate,
-    finish,
-    host_verdict,
-    is_stale,
-    prioritize_points,
-    stale_from,
-    topology_term,
 )
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.report import DIGEST_COLUMNS
 from scheduler_extender.state.allocations import Allocations
-from scheduler_extender.state.decisions import (
-    CACHED_NAMES,
-    DemandKey,
-    NameSet,
-    NameSets,
-    VerdictCache,
-    WeightedLru,
-    demand_key,
-)
+from scheduler_extender.state.decide import Decider
+from scheduler_extender.state.decisions import VerdictCache
 from scheduler_extender.state.host import HostLedger
 from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
@@ -53,93 +39,6 @@ from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, 
 DEMAND_CACHE_SIZE = 16_384
 RESERVE_TTL_S = 5.0
 """How long GPUs held for a pod between prioritize and its bind stay held without the bind."""
-
-
-DECISION_MEMO_SIZE = 64
-"""Decisions kept by (candidate list, demand shape, group), holding ``CACHED_NAMES`` rows at
-most together."""
-
-_MemoKey = tuple[bytes, DemandKey, str | None]
-
-_NO_ROWS = np.zeros(0, dtype=np.int64)
-
-CYCLE_S = 1.0
-"""How long after a pod's filter its prioritize is answered from what that filter saw."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Rows:
-    """Decided rows: the verdicts, and when each may change without a write.
-
-    A row's deadline is when one of its GPUs leaves its cool-down or its telemetry turns stale.
-    """
-
-    passed: npt.NDArray[np.bool_]
-    reason: npt.NDArray[np.int64]
-    points: npt.NDArray[np.int64]
-    score: npt.NDArray[np.float64]
-    deadline: npt.NDArray[np.float64]
-
-    def kept(self, version: npt.NDArray[np.int64], stamp: tuple[object, ...]) -> _Memo:
-        """These verdicts as the decision of a whole list, at these row versions."""
-        for array in (self.passed, self.reason, self.points, self.score, self.deadline, version):
-            array.flags.writeable = False
-        return _Memo(
-            self.passed, self.reason, self.points, self.score, self.deadline, version, stamp
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Memo(_Rows):
-    """A list's last decision for one shape, with the row versions it was made at.
-
-    ``stamp`` is what else it depends on: the policy, the shape mix, the list's rows, and the
-    racks and room of the pod's group.
-    """
-
-    version: npt.NDArray[np.int64]
-    stamp: tuple[object, ...]
-
-    def patched(
-        self, at: npt.NDArray[np.int64], rows: _Rows, version: npt.NDArray[np.int64]
-    ) -> _Memo:
-        """A copy with the positions ``at`` decided again (earlier answers stay untouched)."""
-        passed, reason = self.passed.copy(), self.reason.copy()
-        points, score, deadline = self.points.copy(), self.score.copy(), self.deadline.copy()
-        passed[at], reason[at] = rows.passed, rows.reason
-        points[at], score[at], deadline[at] = rows.points, rows.score, rows.deadline
-        return _Rows(passed, reason, points, score, deadline).kept(version, self.stamp)
-
-
-@dataclass(slots=True)
-class _Cycle:
-    """The last filter: whose it was, what it depended on, and its verdict for each row."""
-
-    uid: str
-    shape: tuple[DemandKey, str | None]
-    basis: tuple[object, ...]
-    at: float
-    rows: npt.NDArray[np.int64]
-    verdicts: _Rows
-    _position: npt.NDArray[np.int64] | None = None
-
-    def positions(self, rows: npt.NDArray[np.int64], capacity: int) -> npt.NDArray[np.int64]:
-        """Where each row sits in the filter's list; -1 for a row the filter did not decide."""
-        if self._position is None or self._position.shape[0] < capacity:
-            self._position = np.full(capacity, -1, dtype=np.int64)
-            self._position[self.rows] = np.arange(self.rows.shape[0])
-        return self._position[rows]
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Filter and prioritize answers for one request, aligned with ``names``."""
-
-    names: list[str]
-    passed: npt.NDArray[np.bool_]
-    reason: npt.NDArray[np.int64]
-    points: npt.NDArray[np.int64]
-    nameset: NameSet | None = None
 
 
 class ClusterState:
@@ -156,13 +55,10 @@ class ClusterState:
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._reserved: set[str] = set()
         """Pods whose assignment is a reservation made at prioritize, not yet bound."""
-        self._verdicts = VerdictCache()
+        self.verdicts = VerdictCache()
+        """Per-row GPU facts and verdicts by demand shape, kept until a row is written."""
         self._mix = MixLearner(policy.spec.fragmentation)
-        self._namesets = NameSets()
-        self._decisions: WeightedLru[_MemoKey, _Memo] = WeightedLru(
-            DECISION_MEMO_SIZE, CACHED_NAMES, lambda memo: memo.passed.shape[0]
-        )
-        self._cycle: _Cycle | None = None
+        self.decider = Decider(self)
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
         self._rack_free_cache: dict[bool, tuple[tuple[int, int, int], npt.NDArray[np.float64]]] = {}
@@ -172,7 +68,7 @@ class ClusterState:
     def set_policy(self, policy: Policy) -> None:
         """Put a new policy in force; rows are rewritten (rack label or thresholds may differ)."""
         self.policy = policy
-        self._verdicts.clear()
+        self.verdicts.clear()
         if policy.spec.fragmentation != self._mix.args:
             self._mix = MixLearner(policy.spec.fragmentation)
         self._write_nodes(self.store.nodes())
@@ -302,16 +198,17 @@ class ClusterState:
         rows = self.table.rows(names)
         batch = self.table.gather(rows, self.clock.monotonic(), self.policy.spec.thermal_throttling)
         if labels is not None:
-            rack, rdma = self._override_racks(batch.rack, batch.rdma, labels)
+            rack, rdma = self.override_racks(batch.rack, batch.rdma, labels)
             batch = dataclasses.replace(batch, rack=rack, rdma=rdma)
         return batch
 
-    def _override_racks(
+    def override_racks(
         self,
         rack: npt.NDArray[np.int64],
         rdma: npt.NDArray[np.bool_],
         labels: Sequence[Mapping[str, str] | None],
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Racks and RDMA flags as full Node objects' labels (where given) say."""
         rack, rdma = rack.copy(), rdma.copy()
         for i, node_labels in enumerate(labels):
             if node_labels:
@@ -319,168 +216,6 @@ class ClusterState:
                 rack[i] = self.table.rack_id(name)
                 rdma[i] = flag
         return rack, rdma
-
-    def decide(
-        self,
-        names: list[str],
-        demand: PodDemand,
-        labels: Sequence[Mapping[str, str] | None] | None = None,
-        raw_names: bytes | None = None,
-        verb: str = "filter",
-    ) -> Decision:
-        """The filter/prioritize verdicts for a request, from cached per-node GPU verdicts.
-
-        Gives the same answers as ``evaluate`` (the tests hold them to it); it only skips the
-        work for rows that have not changed since the last request of the same shape. For a
-        candidate list known by its bytes (names mode), the last decision of the same shape
-        and group is kept, and only its rows that were written since, or whose cool-down or
-        freshness ran out, are decided again.
-
-        One exception, as kube-scheduler's own cycle works from one snapshot: a ``prioritize``
-        that follows its pod's ``filter`` (no other pod's request between, within ``CYCLE_S``)
-        scores the nodes as that filter saw them, so that filter and scores agree and the
-        rows written in the millisecond between are not decided again.
-        """
-        now = self.clock.monotonic()
-        if verb == "prioritize":
-            kept = self._from_cycle(names, demand, raw_names, now)
-            if kept is not None:
-                return kept
-        self._cycle = None
-        self.expire()
-        n = len(names)
-        if not demand.wants_gpu:
-            passed = np.ones(n, dtype=np.bool_)
-            zeros = np.zeros(n, dtype=np.int64)
-            if not self.policy.spec.fragmentation.enabled or self.mix.empty:
-                score = np.zeros(n)
-            else:
-                rows = self.table.rows(names)
-                facts = self._verdicts.facts.take(self.table, rows, self.policy, now)
-                score = host_verdict(facts, demand, self.policy, self.mix)
-            return Decision(names, passed, zeros, prioritize_points(score, passed, self.policy))
-        nameset = self._namesets.get(raw_names, names, self.table)
-        rows = nameset.rows
-        ctx, basis, stamp = self._grounds(nameset, demand)
-        if labels is not None or nameset.raw is None:
-            part = self._decide_rows(rows, demand, now, ctx, labels)
-            self._remember_cycle(demand, basis, now, rows, part, verb)
-            points = prioritize_points(part.score, part.passed, self.policy, part.points)
-            return Decision(names, part.passed, part.reason, points, nameset)
-        key = (nameset.raw, demand_key(demand), demand.group)
-        memo = self._memo_for(key, nameset, demand, now, ctx, stamp)
-        self._remember_cycle(demand, basis, now, rows, memo, verb)
-        points = prioritize_points(memo.score, memo.passed, self.policy, memo.points)
-        return Decision(names, memo.passed, memo.reason, points, nameset)
-
-    def _memo_for(
-        self,
-        key: _MemoKey,
-        nameset: NameSet,
-        demand: PodDemand,
-        now: float,
-        ctx: Context | None,
-        stamp: tuple[object, ...],
-    ) -> _Memo:
-        """The kept decision of a list for a shape, with the rows changed since decided again."""
-        rows = nameset.rows
-        version = self.table.column("version")[rows]
-        memo = self._decisions.get(key)
-        if memo is None or memo.stamp != stamp:
-            memo = self._decide_rows(rows, demand, now, ctx, None).kept(version, stamp)
-        else:
-            dirty = (version != memo.version) | (now >= memo.deadline)
-            if dirty.any():
-                at = np.flatnonzero(dirty)
-                memo = memo.patched(
-                    at, self._decide_rows(rows[at], demand, now, ctx, None), version
-                )
-        self._decisions.put(key, memo)
-        return memo
-
-    def _grounds(
-        self, nameset: NameSet, demand: PodDemand
-    ) -> tuple[Context | None, tuple[object, ...], tuple[object, ...]]:
-        """(group context, basis, stamp) of a decision: what its kept answer rests on."""
-        ctx = self.context(demand) if demand.group is not None else None
-        basis = self._basis(nameset)
-        group = None if ctx is None else (ctx.group_racks.tobytes(), ctx.rack_free.tobytes())
-        return ctx, basis, (*basis, group)
-
-    def _basis(self, nameset: NameSet) -> tuple[object, ...]:
-        """What every decision of a list rests on: the policy, the shape mix, the list's rows."""
-        return (id(self.policy), self.mix.version, nameset.index_version)
-
-    def _remember_cycle(
-        self,
-        demand: PodDemand,
-        basis: tuple[object, ...],
-        now: float,
-        rows: npt.NDArray[np.int64],
-        verdicts: _Rows,
-        verb: str,
-    ) -> None:
-        """A filter starts its pod's cycle; any other request ends the last one."""
-        self._cycle = (
-            _Cycle(demand.uid, (demand_key(demand), demand.group), basis, now, rows, verdicts)
-            if verb == "filter" and demand.uid
-            else None
-        )
-
-    def _from_cycle(
-        self, names: list[str], demand: PodDemand, raw_names: bytes | None, now: float
-    ) -> Decision | None:
-        """The pod's prioritize answered from its own filter, when it is the same cycle."""
-        cycle, self._cycle = self._cycle, None
-        if (
-            cycle is None
-            or cycle.uid != demand.uid
-            or cycle.shape != (demand_key(demand), demand.group)
-            or now - cycle.at > CYCLE_S
-        ):
-            return None
-        nameset = self._namesets.get(raw_names, names, self.table)
-        if cycle.basis != self._basis(nameset):
-            return None
-        v = cycle.verdicts
-        if nameset.rows is cycle.rows:  # the very list the filter was sent
-            passed, reason, score, points = v.passed, v.reason, v.score, v.points
-        else:
-            at = cycle.positions(nameset.rows, self.table.capacity)
-            if (at < 0).any():
-                return None
-            passed, reason, score, points = v.passed[at], v.reason[at], v.score[at], v.points[at]
-        points = prioritize_points(score, passed, self.policy, points)
-        return Decision(names, passed, reason, points, nameset)
-
-    def _decide_rows(
-        self,
-        rows: npt.NDArray[np.int64],
-        demand: PodDemand,
-        now: float,
-        ctx: Context | None,
-        labels: Sequence[Mapping[str, str] | None] | None,
-    ) -> _Rows:
-        """Verdicts of some rows, each on its own: its GPU verdict, staleness and topology."""
-        policy = self.policy
-        reason, gpu_sum, valid_until = self._verdicts.lookup(
-            self.table, rows, demand, policy, now, self.mix
-        )
-        col = self.table.column
-        known = col("known")[rows]
-        received_at, interval_s = col("received_at")[rows], col("interval_s")[rows]
-        stale = is_stale(known, now - received_at, interval_s, policy)
-        if ctx is not None:
-            rack, rdma = col("rack")[rows], col("rdma")[rows]
-            if labels is not None:
-                rack, rdma = self._override_racks(rack, rdma, labels)
-            topo = topology_term(rack, rdma, demand, policy, ctx)
-        else:
-            topo = np.zeros(rows.shape[0])
-        passed, reason, score, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
-        # A stale row stays stale until it is written again; a fresh one may turn stale.
-        turns = np.where(stale, np.inf, stale_from(known, received_at, interval_s, policy))
-        return _Rows(passed, reason, points, score, np.minimum(valid_until, turns))
 
     def context(self, demand: PodDemand) -> Context:
         """The time, plus where the pod's group runs and how much room each rack has."""

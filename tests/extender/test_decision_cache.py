@@ -56,7 +56,7 @@ def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(
     )
     demand = pod_demand(spec, state.policy.spec.qos)
     for step in range(10):
-        a = state.decide(names, demand, raw_names=raw)
+        a = state.decider.decide(names, demand, raw_names=raw)
         b = state.evaluate(names, demand)
         assert (
             (a.passed == b.passed).all()
@@ -82,13 +82,13 @@ def test_only_changed_rows_are_recomputed(clock):
     _, state, _ = fleet(clock, nodes=30)
     names = [f"n{i}" for i in range(30)]
     demand = pod_demand(pod("p"), state.policy.spec.qos)
-    state.decide(names, demand)
-    before = state._verdicts.recomputed_rows
-    state.decide(names, demand)
-    assert state._verdicts.recomputed_rows == before
+    state.decider.decide(names, demand)
+    before = state.verdicts.recomputed_rows
+    state.decider.decide(names, demand)
+    assert state.verdicts.recomputed_rows == before
     state.ingest(report_from(report("n3", [gpu(0)])))
-    state.decide(names, demand)
-    assert state._verdicts.recomputed_rows == before + 1
+    state.decider.decide(names, demand)
+    assert state.verdicts.recomputed_rows == before + 1
 
 
 def test_written_answers_are_the_json_they_stand_for():
@@ -167,7 +167,7 @@ def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_chan
         )
         demand = pod_demand(spec, state.policy.spec.qos)
         state.remember_demand(demand)  # as filter and prioritize do
-        a = state.decide(names, demand)
+        a = state.decider.decide(names, demand)
         b = state.evaluate(names, demand)
         assert (a.passed == b.passed).all() and (a.points == b.points).all()
         versions.add(state.mix.version)
@@ -192,7 +192,7 @@ def test_host_room_and_cpu_only_pods_keep_decide_and_evaluate_in_step(clock, ste
         demand = pod_demand(spec_, state.policy.spec.qos)
         state.remember_demand(demand)
         for _ in range(2):  # the second time from the kept decision
-            a = state.decide(names, demand, raw_names=raw)
+            a = state.decider.decide(names, demand, raw_names=raw)
             b = state.evaluate(names, demand)
             assert (a.passed == b.passed).all() and (a.points == b.points).all()
         if i % 4 == 0:
@@ -212,24 +212,24 @@ def test_gpu_facts_are_worked_out_once_per_row_write_for_every_shape(clock):
         for k, (b, w, q) in enumerate([(1, None, "inference"), (None, 1, "training"), (2, None, "best-effort")])
     ]  # fmt: skip
     for demand in shapes:
-        state.decide(names, demand)
-    facts = state._verdicts.facts
+        state.decider.decide(names, demand)
+    facts = state.verdicts.facts
     assert facts.computed_rows == 30  # every row once
-    verdicts = state._verdicts.recomputed_rows
+    verdicts = state.verdicts.recomputed_rows
     state.ingest(report_from(report("n3", [gpu(0, temperature_c=91.0)])))
     for demand in shapes:
-        state.decide(names, demand)
+        state.decider.decide(names, demand)
     assert facts.computed_rows == 31  # the written row, once for all three shapes
-    assert state._verdicts.recomputed_rows == verdicts + 3  # its verdict, once per shape
+    assert state.verdicts.recomputed_rows == verdicts + 3  # its verdict, once per shape
     state.set_policy(state.policy)  # a policy in force again: nothing kept is trusted
-    state.decide(names, shapes[0])
+    state.decider.decide(names, shapes[0])
     assert facts.computed_rows == 31 + 30
 
 
 def test_the_same_rows_asked_again_get_the_same_facts_until_one_is_written(clock):
     """A warm asks for the settled rows once per shape: the facts are gathered once."""
     _, state, _ = fleet(clock, nodes=10)
-    table, cache, now = state.table, state._verdicts.facts, clock.monotonic()
+    table, cache, now = state.table, state.verdicts.facts, clock.monotonic()
     rows = table.rows([f"n{i}" for i in (1, 4, 7)])
     first = cache.take(table, rows, state.policy, now)
     assert cache.take(table, rows.copy(), state.policy, now) is first
@@ -254,7 +254,7 @@ def test_distinct_gives_each_row_once(rows):
 
 def test_refresh_redoes_only_written_rows_and_hands_nothing_out(clock):
     _, state, _ = fleet(clock, nodes=10)
-    table, cache, now = state.table, state._verdicts.facts, clock.monotonic()
+    table, cache, now = state.table, state.verdicts.facts, clock.monotonic()
     rows = table.rows([f"n{i}" for i in range(10)])
     assert cache.refresh(table, rows, state.policy, now)
     assert cache.computed_rows == 10
@@ -273,7 +273,7 @@ def test_a_candidate_list_naming_a_node_twice_is_decided_as_the_policy_says(cloc
     names = ["n3", "n1", "n3", "n7", "n1"]
     demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
     state.ingest(report_from(report("n3", [gpu(0, temperature_c=50.0)])))
-    a, b = state.decide(names, demand), state.evaluate(names, demand)
+    a, b = state.decider.decide(names, demand), state.evaluate(names, demand)
     assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
     assert (a.points == b.points).all()
 
@@ -283,12 +283,12 @@ def test_decide_agrees_with_evaluate_when_a_node_widens_the_table(clock):
     _, state, _ = fleet(clock, nodes=20)
     names = [f"n{i}" for i in range(21)]
     demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
-    state.decide(names, demand)
+    state.decider.decide(names, demand)
     wide = [gpu(g, temperature_c=40.0 + g, memory_used_mib=0.0) for g in range(12)]
     state.ingest(report_from(report("n20", wide)))
     state.ingest(report_from(report("n2", [gpu(0, temperature_c=97.0)])))
     for _ in range(2):
-        a, b = state.decide(names, demand), state.evaluate(names, demand)
+        a, b = state.decider.decide(names, demand), state.evaluate(names, demand)
         assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
         assert (a.points == b.points).all()
         assert a.passed[20]
@@ -299,14 +299,14 @@ def test_a_kept_decision_is_patched_only_where_rows_changed(clock):
     names = [f"n{i}" for i in range(30)]
     raw = orjson.dumps(names)
     demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
-    first = state.decide(names, demand, raw_names=raw)
-    before = state._verdicts.recomputed_rows
-    again = state.decide(names, demand, raw_names=raw)
+    first = state.decider.decide(names, demand, raw_names=raw)
+    before = state.verdicts.recomputed_rows
+    again = state.decider.decide(names, demand, raw_names=raw)
     assert again.reason is first.reason  # nothing changed: the kept arrays, as they are
-    assert state._verdicts.recomputed_rows == before
+    assert state.verdicts.recomputed_rows == before
     state.ingest(report_from(report("n3", [gpu(0, temperature_c=99.0)])))
-    patched = state.decide(names, demand, raw_names=raw)
-    assert state._verdicts.recomputed_rows == before + 1
+    patched = state.decider.decide(names, demand, raw_names=raw)
+    assert state.verdicts.recomputed_rows == before + 1
     assert patched.reason[3] != first.reason[3] or not first.passed[3]
     assert first.reason.flags.writeable is False  # the earlier answer was not changed under it
     assert (np.delete(patched.reason, 3) == np.delete(first.reason, 3)).all()
@@ -411,25 +411,26 @@ def test_prioritize_decides_afresh_outside_its_pods_cycle(clock, between):
 def test_kept_candidate_lists_are_bounded_by_the_names_they_hold(monkeypatch):
     """Issue 28 D5: twelve distinct 1M-name lists took RSS from 140 to 1,710 MiB. Lists and
     decisions are now kept within a budget of names; a list over it is answered, not kept."""
-    from scheduler_extender.state import cluster, decisions
+    from scheduler_extender.state import decide, decisions
 
     monkeypatch.setattr(decisions, "CACHED_NAMES", 100)
-    monkeypatch.setattr(cluster, "CACHED_NAMES", 100)
+    monkeypatch.setattr(decide, "CACHED_NAMES", 100)
     clock = FakeClock()
     app = create_app(clock=clock)
     state = app.state.ctx.state
-    state._namesets = decisions.NameSets(budget=100)
+    decider = state.decider
+    decider._namesets = decisions.NameSets(budget=100)
     for i in range(5):
         state.ingest(report_from(report(f"hot-{i}", [gpu(0, temperature_c=95.0)])))
     demand = pod_demand(pod("p", blocks=1, qos="training"), state.policy.spec.qos)
     for k in range(12):
         names = [f"x{k}-{i}" for i in range(30)] + ["hot-0"]
-        verdict = state.decide(names, demand, raw_names=orjson.dumps(names))
+        verdict = state.decider.decide(names, demand, raw_names=orjson.dumps(names))
         assert not verdict.passed[-1]
-        assert state._namesets.held <= 100 and state._decisions.held <= 100
+        assert decider._namesets.held <= 100 and decider._decisions.held <= 100
     huge = [f"y-{i}" for i in range(500)] + ["hot-1"]
     for _ in range(2):
-        verdict = state.decide(huge, demand, raw_names=orjson.dumps(huge))
+        verdict = state.decider.decide(huge, demand, raw_names=orjson.dumps(huge))
         assert not verdict.passed[-1] and verdict.nameset is not None
         assert verdict.nameset.raw is None  # answered, never kept
-    assert state._namesets.held <= 100 and state._decisions.held <= 100
+    assert decider._namesets.held <= 100 and decider._decisions.held <= 100
