@@ -23,7 +23,8 @@ SLOWDOWN_REASONS: Final = frozenset(
 
 
 def _slowdown(gpu: Any) -> float:
-    return 1.0 if SLOWDOWN_REASONS.intersection(gpu.throttle_reasons) else 0.0
+    reasons = gpu.throttle_reasons
+    return 1.0 if reasons and not SLOWDOWN_REASONS.isdisjoint(reasons) else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,20 +16,21 @@ shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
 and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
-library, ``domain`` and ``gpu_fields`` only.
+library, numpy, ``domain`` and ``gpu_fields`` only.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
+import operator
 from datetime import datetime
 from typing import Annotated, Literal, cast
 
 import msgspec
+import numpy as np
 
 from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, Health
-from scheduler_extender.gpu_fields import GPU_FIELDS, KEPT
+from scheduler_extender.gpu_fields import GPU_FIELDS
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
 _NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -138,12 +139,15 @@ REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)
 """Decodes and validates a push body (``msgspec.ValidationError`` / ``DecodeError``)."""
 
 
-DIGEST_COLUMNS = ("index", *KEPT, "memory_used_mib", "health")
+_PLAIN = tuple(f.name for f in GPU_FIELDS if f.kept and f.derive is None)
+_DERIVED = tuple(f for f in GPU_FIELDS if f.kept and f.derive is not None)
+DIGEST_COLUMNS = ("index", *_PLAIN, "memory_used_mib", *(f.name for f in _DERIVED), "health")
 """A digest's floats per GPU, in this order: the kept fields of ``gpu_fields`` and the memory in
 use (a field the backend cannot read is NaN), then ``domain.Health``'s value."""
 
 _HEALTH = {h.name.lower(): float(h) for h in Health}
-_KEPT_READS = tuple(f.read for f in GPU_FIELDS if f.kept)
+_read_plain = operator.attrgetter("index", *_PLAIN, "memory_used_mib")
+_read_derived = tuple(f.derive for f in _DERIVED if f.derive is not None)
 _NAN = math.nan
 
 
@@ -177,16 +181,18 @@ def _value(v: float | None) -> float:
 
 def digest(report: TelemetryReport) -> Digest:
     """The digest of a report."""
-    rows = array("d")
-    pods: list[tuple[int, str, float]] = []
-    for g in report.gpus:
-        rows.append(g.index)
-        rows.extend([_value(read(g)) for read in _KEPT_READS])
-        rows.append(_value(g.memory_used_mib))
-        rows.append(_HEALTH[g.health])
-        for p in g.processes:
-            if p.pod_uid:
-                pods.append((g.index, p.pod_uid, p.used_mib or 0.0))
+    gpus = report.gpus
+    rows = np.empty((len(gpus), len(DIGEST_COLUMNS)))
+    plain = len(_PLAIN) + 2
+    if gpus:
+        # The fields read as they are in one go (numpy makes None NaN), then the derived ones.
+        rows[:, :plain] = np.array([_read_plain(g) for g in gpus], dtype=np.float64)
+        for k, derive in enumerate(_read_derived, start=plain):
+            rows[:, k] = [_value(derive(g)) for g in gpus]
+        rows[:, -1] = [_HEALTH[g.health] for g in gpus]
+    pods = [
+        (g.index, p.pod_uid, p.used_mib or 0.0) for g in gpus for p in g.processes if p.pod_uid
+    ]
     health = report.node_health
     return Digest(
         node=report.node,
