@@ -184,6 +184,9 @@ def step(
     fault as it is now: a fault that clears while suspect ends it without a cordon; a self-test
     that passes while the fault is still reported counts as failed.
     """
+    # The annotation holds microseconds: decide on the time a new leader would read back, so
+    # that a restart never turns a wait that just ended into one that has not.
+    now = _epoch(_stamp(now))
     faults = obs.faults
     if rec is None:
         if not faults:

@@ -242,3 +242,14 @@ def test_every_walk_keeps_the_safety_rules(rounds: list[tuple[Observation, float
             assert Action.CORDON not in acts
         if plain.rec is not None and plain.rec.phase in CORDONED:
             assert plain.rec.history[-1][0] in {p.value for p in CORDONED}
+
+
+def test_a_restart_at_the_very_end_of_the_confirmation_wait_changes_nothing() -> None:
+    # Found by the walk above: 5 s after a fault seen at t + 3.2421875 s, the annotation's
+    # microseconds read back as 4.9999995 s of waiting, and only the restarted leader held off.
+    plain, restarted = Walk(), Walk(restart=True)
+    fault = Observation(("gpu0:xid:79",), (), False, 0)
+    for obs, after_s, room in [(CLEAR, 1.0, False), (CLEAR, 1.2421875, False), (fault, 1.0, False),
+                               (fault, 5.0, True)]:  # fmt: skip
+        assert restarted.see(obs, after_s, room) == plain.see(obs, after_s, room)
+    assert plain.actions == restarted.actions == [Action.CORDON]
