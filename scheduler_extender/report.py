@@ -190,9 +190,7 @@ def digest(report: TelemetryReport) -> Digest:
         for k, derive in enumerate(_read_derived, start=plain):
             rows[:, k] = [_value(derive(g)) for g in gpus]
         rows[:, -1] = [_HEALTH[g.health] for g in gpus]
-    pods = [
-        (g.index, p.pod_uid, p.used_mib or 0.0) for g in gpus for p in g.processes if p.pod_uid
-    ]
+    pods = [(g.index, p.pod_uid, p.used_mib or 0.0) for g in gpus for p in g.processes if p.pod_uid]
     health = report.node_health
     return Digest(
         node=report.node,
