@@ -54,8 +54,8 @@ crd: $(STAMP) ## regenerate manifests/crd/ from the policy model
 chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
 	$(VENV)/bin/python -m tools.chart
 
-proto: $(STAMP) ## regenerate the device plugin's gRPC modules from node_agent/deviceplugin/api.proto
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto
+proto: $(STAMP) ## regenerate the device plugin's gRPC modules from node_agent/deviceplugin/*.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto node_agent/deviceplugin/podresources.proto
 
 e2e: $(STAMP) ## the e2e suite on a real control plane built from the Kubernetes Go modules (first build: minutes)
 	bash tests/e2e/build-controlplane.sh >/dev/null

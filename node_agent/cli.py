@@ -23,7 +23,8 @@ from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
-from node_agent.deviceplugin.plugin import BlockPlugin, DevicePluginServer
+from node_agent.deviceplugin.plugin import RESOURCE, BlockPlugin, DevicePluginServer
+from node_agent.deviceplugin.podresources import holders
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
@@ -139,6 +140,9 @@ async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBack
             agent.device_plugin = BlockPlugin(
                 pusher.assignments(settings.node_name) if pusher is not None else _nobody,
                 lambda: agent.block_mib,
+                held=holders(settings.pod_resources_socket, RESOURCE)
+                if settings.pod_resources_socket
+                else None,
             )
             plugin_server = DevicePluginServer(agent.device_plugin, settings.kubelet_dir)
         try:

@@ -48,6 +48,11 @@ class AgentSettings(BaseSettings):
         Path("/var/lib/kubelet/device-plugins"),
         description="kubelet's device-plugins folder (its kubelet.sock and our socket).",
     )
+    pod_resources_socket: Path | None = Field(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="kubelet's PodResources API: which containers hold blocks already (after "
+        "an agent restart); unset = not asked.",
+    )
     block_mib: int = Field(
         4096, gt=0, description="MiB per memory block until an extender says its policy's."
     )

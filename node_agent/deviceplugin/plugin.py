@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from node_agent.deviceplugin import api_pb2, api_pb2_grpc
+from node_agent.deviceplugin.podresources import Held
 
 log = logging.getLogger("node_agent.deviceplugin")
 
@@ -112,8 +113,11 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         lookup: Lookup,
         block_mib: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
+        held: Held | None = None,
     ) -> None:
         self._lookup = lookup
+        self._held = held
+        """kubelet's record of the containers given blocks already (survives our restarts)."""
         self._block_mib = block_mib
         self._clock = clock
         self._gpus: tuple[GpuBlocks, ...] = ()
@@ -166,9 +170,10 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         """Blocks on the GPU the extender chose for the pod being admitted."""
         assigned = await self._safe_lookup()
+        held = (await self._held() if self._held is not None else None) or {}
         out = []
         for req in request.container_requests:
-            target = self._claim(assigned, req.allocation_size)
+            target = self._claim(assigned, req.allocation_size, held)
             ids = preferred(
                 req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size, target
             )
@@ -219,10 +224,12 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             log.warning("no extender answered: blocks are chosen without the bind's choice")
         return found or []
 
-    def _claim(self, assigned: list[Assigned], size: int) -> str | None:
+    def _claim(self, assigned: list[Assigned], size: int, held: dict[str, int]) -> str | None:
         """The GPU of the oldest pending pod with a container asking ``size`` blocks.
 
-        Each container is matched once (kubelet allocates per container).
+        Each container is matched once (kubelet allocates per container, in order): not the
+        ones matched here lately, nor the first ``held[pod]`` block containers of a pod, which
+        kubelet says hold blocks already.
         """
         now = self._clock()
         self._claimed = {k: t for k, t in self._claimed.items() if now - t < CLAIM_TTL_S}
@@ -231,7 +238,9 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             for a in assigned
             if a.phase in (None, "Pending")
             for k, blocks in enumerate(a.containers or (a.blocks,))
-            if blocks == size and f"{a.uid}/{k}" not in self._claimed
+            if blocks == size
+            and f"{a.uid}/{k}" not in self._claimed
+            and k >= held.get(f"{a.namespace}/{a.name}", 0)
         ]
         if not pending:
             return None

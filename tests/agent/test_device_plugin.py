@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.deviceplugin import api_pb2, api_pb2_grpc
+from node_agent.deviceplugin import api_pb2, api_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from node_agent.deviceplugin.plugin import (
     RESOURCE,
     SOCKET,
@@ -26,6 +26,7 @@ from node_agent.deviceplugin.plugin import (
     GpuBlocks,
     preferred,
 )
+from node_agent.deviceplugin.podresources import holders
 from node_agent.exporter import AgentMetrics
 from node_agent.health import HealthArgs
 from node_agent.loop import Agent
@@ -224,10 +225,15 @@ def test_the_generated_modules_are_those_of_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     root = Path(__file__).resolve().parents[2]
-    proto = "node_agent/deviceplugin/api.proto"
+    protos = ["node_agent/deviceplugin/api.proto", "node_agent/deviceplugin/podresources.proto"]
     assert protoc.main(["protoc", f"-I{root}", f"--python_out={tmp_path}",
-                        f"--grpc_python_out={tmp_path}", str(root / proto)]) == 0  # fmt: skip
-    for name in ("api_pb2.py", "api_pb2_grpc.py"):
+                        f"--grpc_python_out={tmp_path}", *(str(root / p) for p in protos)]) == 0  # fmt: skip
+    for name in (
+        "api_pb2.py",
+        "api_pb2_grpc.py",
+        "podresources_pb2.py",
+        "podresources_pb2_grpc.py",
+    ):
         fresh = (tmp_path / "node_agent" / "deviceplugin" / name).read_text()
         assert fresh == (root / "node_agent" / "deviceplugin" / name).read_text(), name
 
@@ -282,6 +288,56 @@ async def test_each_container_of_a_pod_is_matched_once() -> None:
         resp = await plugin.GetPreferredAllocation(request, None)
         got.append(resp.container_responses[0].deviceIDs[0].split("::")[0])
     assert got == ["GPU-b", "GPU-b", "GPU-a"]  # both containers of "two", then "one"
+
+
+class PodResources(podresources_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """kubelet's PodResources List at the gRPC boundary: the containers given devices."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], dict[str, list[str]]] = {}
+
+    async def List(self, request: Any, context: Any) -> Any:
+        return podresources_pb2.ListPodResourcesResponse(pod_resources=[
+            podresources_pb2.PodResources(namespace=ns, name=name, containers=[
+                podresources_pb2.ContainerResources(name=c, devices=[
+                    podresources_pb2.ContainerDevices(resource_name=RESOURCE, device_ids=ids)])
+                for c, ids in containers.items()])
+            for (ns, name), containers in self.pods.items()])  # fmt: skip
+
+
+async def test_after_an_agent_restart_kubelets_record_keeps_a_matched_pod_from_matching_again(
+    tmp_path: Path,
+) -> None:
+    # "first" was admitted before the restart, and still starts (Pending); "second" came after
+    # it. The restarted plugin has no memory of matching "first": kubelet's record tells it.
+    assigned = [
+        Assigned("uid-1", "default", "first", "GPU-a", 1, 100.0, "Pending"),
+        Assigned("uid-2", "default", "second", "GPU-b", 1, 200.0, "Pending"),
+    ]
+
+    async def lookup() -> list[Assigned] | None:
+        return assigned
+
+    kubelet = PodResources()
+    kubelet.pods[("default", "first")] = {"app": ["GPU-a::0"]}
+    socket = tmp_path / "pod-resources.sock"
+    server = grpc.aio.server()
+    podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    try:
+        for held, want in ((holders(socket, RESOURCE), "GPU-b"), (None, "GPU-a")):
+            plugin = BlockPlugin(lookup, lambda: 4096, held=held)  # a fresh start each time
+            await plugin.update(GPUS)
+            request = api_pb2.PreferredAllocationRequest(container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=[d.ID for d in plugin.devices()], allocation_size=1)])  # fmt: skip
+            resp = await plugin.GetPreferredAllocation(request, None)
+            assert resp.container_responses[0].deviceIDs[0].split("::")[0] == want
+    finally:
+        await server.stop(None)
+    # kubelet out of reach: matched by the extender's assignments alone, as before.
+    assert await holders(tmp_path / "none.sock", RESOURCE)() is None
 
 
 async def test_a_lookup_that_hangs_does_not_hold_kubelet_up(

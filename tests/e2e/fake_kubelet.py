@@ -44,7 +44,9 @@ def _stamp() -> str:
 class DeviceManager:
     """``controlplane kubelet-device-manager`` for one node: JSON lines in and out."""
 
-    def __init__(self, cp: ControlPlane, folder: Path, on_devices: Any) -> None:
+    def __init__(
+        self, cp: ControlPlane, folder: Path, on_devices: Any, pod_resources: Path | None = None
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.events: list[dict[str, Any]] = []
@@ -52,7 +54,8 @@ class DeviceManager:
         self._on_devices = on_devices
         self._log = (cp.folder / f"device-manager-{folder.name}.log").open("a")
         self.popen = subprocess.Popen(
-            [cp.binary("controlplane"), "kubelet-device-manager", f"--dir={folder}"],
+            [cp.binary("controlplane"), "kubelet-device-manager", f"--dir={folder}",
+             *([f"--pod-resources={pod_resources}"] if pod_resources else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             preexec_fn=_die_with_parent,
         )  # fmt: skip
@@ -89,9 +92,11 @@ class DeviceManager:
                     raise TimeoutError(f"no such device manager event; got {self.events[-5:]}")
                 self._cond.wait(left)
 
-    def allocate(self, resource: str, size: int, pod: str) -> dict[str, Any]:
-        """kubelet's admission of a pod asking ``size`` devices: its allocation, or an error."""
-        self._send({"allocate": {"resource": resource, "size": size, "pod": pod}})
+    def allocate(self, resource: str, size: int, pod: str, container: str) -> dict[str, Any]:
+        """kubelet's admission of a container asking ``size`` devices: its allocation, or an
+        error."""
+        self._send({"allocate": {"resource": resource, "size": size, "pod": pod,
+                                 "container": container}})  # fmt: skip
         return self.wait(lambda e: e.get("pod") == pod and e["event"] in ("allocated", "error"))
 
     def restart(self) -> None:
@@ -244,8 +249,11 @@ class FakeKubelet:
                 except httpx.HTTPError as exc:
                     log.warning("lease of %s: %s", node, exc)
 
-    def attach_device_manager(self, node: str, folder: Path) -> DeviceManager:
-        """Give a node kubelet's device manager, on ``folder`` (its device-plugins folder)."""
+    def attach_device_manager(
+        self, node: str, folder: Path, pod_resources: Path | None = None
+    ) -> DeviceManager:
+        """Give a node kubelet's device manager, on ``folder`` (its device-plugins folder), and
+        with ``pod_resources`` kubelet's PodResources API on that socket."""
 
         def advertise(event: dict[str, Any]) -> None:
             devices = event.get("devices") or []
@@ -256,7 +264,7 @@ class FakeKubelet:
                     "capacity": {resource: str(len(devices))},
                     "allocatable": {resource: str(healthy)}}})  # fmt: skip
 
-        manager = DeviceManager(self.cp, folder, advertise)
+        manager = DeviceManager(self.cp, folder, advertise, pod_resources)
         self.device_managers[node] = manager
         return manager
 
@@ -272,7 +280,7 @@ class FakeKubelet:
                 if "/" not in resource or resource.startswith(("nvidia.com/", "kubernetes.io/")):
                     continue  # not a device plugin's resource on this node
                 result = manager.allocate(
-                    resource, int(amount), f"{meta['namespace']}/{meta['name']}"
+                    resource, int(amount), f"{meta['namespace']}/{meta['name']}", container["name"]
                 )
                 if result["event"] == "error":
                     return str(result["error"])

@@ -7,10 +7,13 @@ and a block pod is admitted with the GPU the extender chose at bind in its envir
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from node_agent.deviceplugin.podresources import holders
 from tests.e2e.conftest import Cluster, extra_node, until
 from tests.e2e.edgegpu import Agent
 
@@ -18,13 +21,19 @@ POOL = {"edgegpu.io/e2e-pool": "device-plugin"}
 NODE = "dp-0"
 
 
+def pod_resources(cluster: Cluster) -> Path:
+    """Where dp-0's kubelet serves its PodResources API."""
+    return cluster.cp.folder / "dp-0-pod-resources" / "kubelet.sock"
+
+
 @pytest.fixture
 def plugin_node(cluster: Cluster) -> Iterator[Agent]:
     folder = cluster.cp.folder / "dp-0-device-plugins"
-    args = ["--model", "Tesla T4", "--device-plugin", "--kubelet-dir", str(folder)]
+    args = ["--model", "Tesla T4", "--device-plugin", "--kubelet-dir", str(folder),
+            "--pod-resources-socket", str(pod_resources(cluster))]  # fmt: skip
 
     def attach() -> None:
-        cluster.kubelet.attach_device_manager(NODE, folder)
+        cluster.kubelet.attach_device_manager(NODE, folder, pod_resources(cluster))
 
     with extra_node(cluster, NODE, 2, args, labels=POOL, before_agent=attach) as agent:
         manager = cluster.kubelet.device_managers[NODE]
@@ -67,6 +76,9 @@ def test_a_block_pod_gets_the_gpu_chosen_at_bind_and_the_plugin_survives_a_kubel
     # the blocks the extender counted on it.
     assert sorted(given) == sorted(chosen), (given, chosen)
     matched = sum(g == c for g, c in zip(given, chosen, strict=True))
+    # kubelet's PodResources API, as the agent reads it after a restart: each container's blocks.
+    held = asyncio.run(holders(pod_resources(cluster), "edgegpu.io/gpu-mem-block")())
+    assert held == {f"{ns}/blocks-{i}": 1 for i in range(3)}
     say(
         f"device plugin: 3 one-block pods bound to {NODE} at once; containers given the GPU "
         f"chosen at bind for their own pod: {matched} of 3 (the GPUs given: {sorted(given)})"

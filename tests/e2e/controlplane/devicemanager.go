@@ -5,9 +5,12 @@ package main
 // <dir>/kubelet.sock; for each plugin that registers it connects back, watches ListAndWatch and
 // prints every device list; on a command it asks the plugin for a preferred allocation of
 // healthy, unallocated devices and allocates them, as kubelet's device manager does when it
-// admits a pod. One JSON object per line: commands on stdin, events on stdout.
+// admits a pod. With --pod-resources it also serves kubelet's PodResources API (v1, List) on
+// that socket: each pod's containers with the devices allocated to them. One JSON object per
+// line: commands on stdin, events on stdout.
 //
-//	{"allocate": {"resource": "edgegpu.io/gpu-mem-block", "size": 1, "pod": "ns/name"}}
+//	{"allocate": {"resource": "edgegpu.io/gpu-mem-block", "size": 1, "pod": "ns/name",
+//	              "container": "app"}}
 //	{"restart": true}   (what a kubelet restart does: every socket in <dir> goes, then back)
 
 import (
@@ -20,12 +23,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
 type plugin struct {
@@ -41,9 +46,11 @@ type manager struct {
 	dir     string
 	mu      sync.Mutex
 	plugins map[string]*plugin
-	out     *json.Encoder
-	outMu   sync.Mutex
-	server  *grpc.Server
+	// pod "ns/name" → container → resource → device IDs, as kubelet's checkpoint keeps them.
+	given  map[string]map[string]map[string][]string
+	out    *json.Encoder
+	outMu  sync.Mutex
+	server *grpc.Server
 }
 
 func (m *manager) emit(event map[string]any) {
@@ -108,7 +115,37 @@ func (m *manager) watch(resource string, p *plugin) {
 	}
 }
 
-func (m *manager) allocate(resource string, size int, pod string) map[string]any {
+// podResources is kubelet's PodResources API over what was allocated.
+type podResources struct {
+	podresourcesapi.UnimplementedPodResourcesListerServer
+	m *manager
+}
+
+func (r *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	r.m.mu.Lock()
+	defer r.m.mu.Unlock()
+	resp := &podresourcesapi.ListPodResourcesResponse{}
+	pods := make([]string, 0, len(r.m.given))
+	for pod := range r.m.given {
+		pods = append(pods, pod)
+	}
+	slices.Sort(pods)
+	for _, pod := range pods {
+		ns, name, _ := strings.Cut(pod, "/")
+		out := &podresourcesapi.PodResources{Namespace: ns, Name: name}
+		for container, byResource := range r.m.given[pod] {
+			c := &podresourcesapi.ContainerResources{Name: container}
+			for resource, ids := range byResource {
+				c.Devices = append(c.Devices, &podresourcesapi.ContainerDevices{ResourceName: resource, DeviceIds: ids})
+			}
+			out.Containers = append(out.Containers, c)
+		}
+		resp.PodResources = append(resp.PodResources, out)
+	}
+	return resp, nil
+}
+
+func (m *manager) allocate(resource string, size int, pod, container string) map[string]any {
 	m.mu.Lock()
 	p := m.plugins[resource]
 	var available []string
@@ -162,6 +199,13 @@ func (m *manager) allocate(resource string, size int, pod string) map[string]any
 	for _, id := range chosen {
 		p.allocated[id] = true
 	}
+	if m.given[pod] == nil {
+		m.given[pod] = map[string]map[string][]string{}
+	}
+	if m.given[pod][container] == nil {
+		m.given[pod][container] = map[string][]string{}
+	}
+	m.given[pod][container][resource] = chosen
 	m.mu.Unlock()
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
 }
@@ -192,21 +236,37 @@ func (m *manager) restart() error {
 func runDeviceManager(args []string) int {
 	flags := flag.NewFlagSet("kubelet-device-manager", flag.ContinueOnError)
 	dir := flags.String("dir", pluginapi.DevicePluginPath, "the device-plugins folder")
+	podResourcesSocket := flags.String("pod-resources", "", "serve the PodResources API on this socket")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
-	m := &manager{dir: *dir, plugins: map[string]*plugin{}, out: json.NewEncoder(os.Stdout)}
+	m := &manager{dir: *dir, plugins: map[string]*plugin{}, out: json.NewEncoder(os.Stdout),
+		given: map[string]map[string]map[string][]string{}}
 	if err := m.serve(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if *podResourcesSocket != "" {
+		_ = os.MkdirAll(filepath.Dir(*podResourcesSocket), 0o755)
+		_ = os.Remove(*podResourcesSocket)
+		lis, err := net.Listen("unix", *podResourcesSocket)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		server := grpc.NewServer()
+		podresourcesapi.RegisterPodResourcesListerServer(server, &podResources{m: m})
+		go func() { _ = server.Serve(lis) }()
+		defer server.Stop()
 	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		var cmd struct {
 			Allocate *struct {
-				Resource string `json:"resource"`
-				Size     int    `json:"size"`
-				Pod      string `json:"pod"`
+				Resource  string `json:"resource"`
+				Size      int    `json:"size"`
+				Pod       string `json:"pod"`
+				Container string `json:"container"`
 			} `json:"allocate"`
 			Restart bool `json:"restart"`
 		}
@@ -216,7 +276,7 @@ func runDeviceManager(args []string) int {
 		}
 		switch {
 		case cmd.Allocate != nil:
-			m.emit(m.allocate(cmd.Allocate.Resource, cmd.Allocate.Size, cmd.Allocate.Pod))
+			m.emit(m.allocate(cmd.Allocate.Resource, cmd.Allocate.Size, cmd.Allocate.Pod, cmd.Allocate.Container))
 		case cmd.Restart:
 			if err := m.restart(); err != nil {
 				m.emit(map[string]any{"event": "error", "error": err.Error()})
