@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
 import sys
 import time
 from typing import Any
@@ -88,12 +89,17 @@ async def _nobody() -> None:
     return None
 
 
-async def _run(settings: AgentSettings, ns: argparse.Namespace, backend: GpuBackend) -> int:
+async def _run(
+    settings: AgentSettings,
+    ns: argparse.Namespace,
+    backend: GpuBackend,
+    verify: ssl.SSLContext | bool = True,
+) -> int:
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry, settings.node_name)
     if settings.metrics_port and not ns.once:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
-    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0)
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
     if settings.backend == "simulated" and settings.scenario == "flapping-link":
         transport = FlappingLinkTransport(transport, time.monotonic)
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0)) as client:
@@ -187,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings, ns = parsed
     logs.setup(ns.log_level)
+    verify: ssl.SSLContext | bool = True
+    if settings.ca_file is not None:
+        try:
+            verify = ssl.create_default_context(cafile=str(settings.ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            print(f"gpu-node-agent: ca_file {settings.ca_file}: {exc}", file=sys.stderr)
+            return 2
     try:
         backend = _backend(settings)
         backend.open()
@@ -201,4 +214,4 @@ def main(argv: list[str] | None = None) -> int:
         verdict["node"] = settings.node_name
         print(json.dumps(verdict, indent=2))
         return 0 if verdict["verdict"] == "pass" else 1
-    return asyncio.run(_run(settings, ns, backend))
+    return asyncio.run(_run(settings, ns, backend, verify))

@@ -25,6 +25,11 @@ class AgentSettings(BaseSettings):
     extender_urls: list[str] = Field(
         default_factory=list, description="Every extender replica to push to (empty = do not push)."
     )
+    ca_file: Path | None = Field(
+        None,
+        description="CA bundle that signed the extender's certificate (https URLs); unset = "
+        "the system's CAs.",
+    )
     resolve_all: bool = Field(
         False, description="Push to every address the URLs' hosts resolve to (headless Service)."
     )

@@ -34,6 +34,9 @@ class _Target:
     url: str
     host: str | None = None
     """Host header to send when ``url`` names an address instead of the configured host."""
+    server_name: str | None = None
+    """The configured host name, for TLS (SNI and the certificate check) when ``url`` names an
+    address."""
     failures: int = 0
     next_at: float = 0.0
     last_error: str = ""
@@ -136,7 +139,7 @@ class Pusher:
                     shown = f"[{address}]" if ":" in address else address
                     url = urlunsplit((parts.scheme, f"{shown}:{port}", parts.path, "", ""))
                     self._resolved[key] = _Target(
-                        key, url.rstrip("/") + "/v1/telemetry", parts.netloc
+                        key, url.rstrip("/") + "/v1/telemetry", parts.netloc, host
                     )
                 targets.append(self._resolved[key])
         return targets
@@ -150,7 +153,9 @@ class Pusher:
         if target.host is not None:
             headers = {**headers, "host": target.host}
         try:
-            response = await self._client.post(target.url, content=body, headers=headers)
+            response = await self._client.post(
+                target.url, content=body, headers=headers, extensions=_tls_name(target)
+            )
         except httpx.HTTPError as exc:
             return self._failed(target, now, f"{type(exc).__name__}: {exc}"), frozenset()
         if response.status_code >= 500 or response.status_code in (401, 403, 429):
@@ -207,7 +212,9 @@ class Pusher:
                 url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/assignments"
                 extra = {"host": t.host} if t.host is not None else {}
                 try:
-                    resp = await self._client.get(url, headers={**headers, **extra})
+                    resp = await self._client.get(
+                        url, headers={**headers, **extra}, extensions=_tls_name(t)
+                    )
                 except httpx.HTTPError as exc:
                     log.warning("assignments from %s: %s", url, exc)
                     continue
@@ -315,3 +322,8 @@ class FlappingLinkTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self._inner.aclose()
+
+
+def _tls_name(target: _Target) -> dict[str, str]:
+    """For a replica reached by address: the host name its certificate must name."""
+    return {"sni_hostname": target.server_name} if target.server_name else {}

@@ -21,15 +21,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def cert(tmp_path: Path) -> tuple[Path, Path]:
-    key, crt = tmp_path / "tls.key", tmp_path / "tls.crt"
+def self_signed(folder: Path, names: str) -> tuple[Path, Path]:
+    """A certificate for ``names`` (a subjectAltName list) and its key, signing itself."""
+    key, crt = folder / "tls.key", folder / "tls.crt"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
-         "-out", str(crt), "-subj", "/CN=edgegpu-extender", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+         "-out", str(crt), "-subj", "/CN=edgegpu-extender", "-addext", f"subjectAltName={names}"],
         check=True, capture_output=True,
     )  # fmt: skip
     return crt, key
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> tuple[Path, Path]:
+    return self_signed(tmp_path, "IP:127.0.0.1,DNS:localhost")
 
 
 def start(*args: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -150,3 +155,34 @@ def test_a_client_ca_without_tls_exits_2(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert proc.returncode == 2 and "--client-ca-file needs --tls-cert-file" in proc.stderr
+
+
+def test_an_agent_pushes_over_https_to_an_extender_signed_by_a_private_ca(tmp_path):
+    # A certificate for the host name only: an agent that reaches the replica by its address
+    # (--resolve-all, as in the DaemonSet) must check it against that name (SNI).
+    crt, key = self_signed(tmp_path, "DNS:localhost")
+    proc, port = start("--tls-cert-file", str(crt), "--tls-key-file", str(key))
+    try:
+        wait_up(
+            f"https://localhost:{port}/healthz", ssl.create_default_context(cafile=str(crt)), proc
+        )
+
+        def agent(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "node_agent", "--backend", "simulated", "--once",
+                 "--node-name", "tls-0", "--metrics-port", "0",
+                 "--extender-urls", f"https://localhost:{port}", *args],
+                cwd=ROOT, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+
+        assert agent("--ca-file", str(crt)).returncode == 0
+        by_address = agent("--ca-file", str(crt), "--resolve-all")
+        assert by_address.returncode == 0, by_address.stderr
+        unverified = agent()  # the system's CAs do not know this one
+        assert unverified.returncode == 1 and "reached no extender" in unverified.stderr
+        nodes = httpx.get(f"https://localhost:{port}/debug/nodes",
+                          verify=ssl.create_default_context(cafile=str(crt))).json()["nodes"]  # fmt: skip
+        assert [n["node"] for n in nodes] == ["tls-0"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)

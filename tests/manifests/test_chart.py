@@ -96,6 +96,7 @@ def test_other_values_render_valid_objects_that_carry_them():
             "--set", "scheduler.enabled=false", "--set", "policyName=edge-ops-policy",
             "--set", "policy.thermalThrottling.maxTemp=80",
             "--set", "policy.remediation.enabled=true",
+            "--set", "extender.tls.secretName=edgegpu-tls",
         )
     )  # fmt: skip
     for (kind, _, _), obj in objects.items():
@@ -104,13 +105,23 @@ def test_other_values_render_valid_objects_that_carry_them():
     assert not [k for k in objects if "scheduler" in k[2]]
     extender = objects[("Deployment", "edge-ops", "edgegpu-extender")]["spec"]
     assert extender["replicas"] == 3
-    env = {e["name"]: e.get("value") for e in extender["template"]["spec"]["containers"][0]["env"]}
+    (serving,) = extender["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in serving["env"]}
     assert env["EDGEGPU_POLICY_NAME"] == "edge-ops-policy"
     assert env["EDGEGPU_AGENT_NAMESPACE"] == "edge-ops"
+    # TLS: the extender serves HTTPS from the Secret, its probes use it, the agents verify it.
+    assert env["EDGEGPU_TLS_CERT_FILE"] == "/etc/edgegpu-tls/tls.crt"
+    assert serving["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert {"name": "tls", "secret": {"secretName": "edgegpu-tls"}} in extender["template"]["spec"][
+        "volumes"
+    ]
     agent = objects[("DaemonSet", "edge-ops", "edgegpu-node-agent")]["spec"]["template"]["spec"]
     (container,) = agent["containers"]
     assert "--backend=amd" in container["args"]
-    assert "edgegpu-extender-headless.edge-ops.svc" in " ".join(container["args"])
+    assert (
+        "--extender-urls=https://edgegpu-extender-headless.edge-ops.svc:8888" in container["args"]
+    )
+    assert "--ca-file=/etc/edgegpu-tls/ca.crt" in container["args"]
     assert agent["nodeSelector"] == {"accelerator": "nvidia-tesla", "gpu": "amd-mi210"}
     assert agent["tolerations"] == [
         {"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}
@@ -120,3 +131,22 @@ def test_other_values_render_valid_objects_that_carry_them():
     policy = objects[("GPUSchedulingPolicy", "", "edge-ops-policy")]["spec"]
     assert policy["thermalThrottling"] == {"maxTemp": 80, "coolDownPeriod": "5m"}
     assert policy["remediation"] == {"enabled": True}
+
+
+def test_with_tls_the_second_scheduler_calls_the_extender_over_https_with_the_ca():
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
+                             "--set", "extender.tls.secretName=edgegpu-tls"))  # fmt: skip
+    for (kind, _, _), obj in objects.items():
+        if kind not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    config = yaml.safe_load(
+        objects[("ConfigMap", "edge-ops", "edgegpu-scheduler-config")]["data"]["config.yaml"]
+    )
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "https://edgegpu-extender.edge-ops.svc:8888"
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {"caFile": "/etc/edgegpu-tls/ca.crt"}
+    pod = objects[("Deployment", "edge-ops", "edgegpu-scheduler")]["spec"]["template"]["spec"]
+    assert {"name": "tls", "mountPath": "/etc/edgegpu-tls", "readOnly": True} in pod["containers"][
+        0
+    ]["volumeMounts"]
