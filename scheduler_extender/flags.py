@@ -86,11 +86,6 @@ class SettingsCli(Generic[S]):
                 sys.stderr.write(f"{self.parser.prog}: {where}: {err['msg']}{hint}\n")
         return None
 
-    def format_help(self) -> str:
-        """``--help``'s text."""
-        self._settings_source()
-        return self.parser.format_help()
-
 
 def _name_variables(parser: argparse.ArgumentParser, fields: Iterable[str], prefix: str) -> None:
     """Add each setting's environment variable to its flag's help."""
