@@ -23,8 +23,9 @@ def command_line() -> SettingsCli[ExtenderSettings]:
         ExtenderSettings,
         prog="gpu-sched-extender",
         description="GPU-aware kube-scheduler extender. Every setting is also read from "
-        "EDGEGPU_<NAME>; a flag wins over its variable.",
+        "EDGEGPU_<NAME>; a flag wins over its variable. --policy FILE is --policy-file FILE.",
         env_prefix="EDGEGPU_",
+        aliases={"--policy": "--policy-file"},
     )
     cli.flag("--check-policy", action="store_true", help="validate the policy and exit")
     cli.flag("--version", action="version", version=f"%(prog)s {__version__}")

@@ -31,10 +31,20 @@ class Parser(argparse.ArgumentParser):
 class SettingsCli(Generic[S]):
     """A command's parser: its own flags (added to ``parser`` first), then one per setting."""
 
-    def __init__(self, model: type[S], *, prog: str, description: str, env_prefix: str) -> None:
+    def __init__(
+        self,
+        model: type[S],
+        *,
+        prog: str,
+        description: str,
+        env_prefix: str,
+        aliases: Mapping[str, str] | None = None,
+    ) -> None:
         self.model = model
         self.parser = Parser(prog=prog, description=description)
         self._prefix = env_prefix
+        self._aliases = dict(aliases or {})
+        """Other names of settings' flags (``--policy`` for ``--policy-file``)."""
         self._own: list[str] = []
         self._source: CliSettingsSource[S] | None = None
 
@@ -62,11 +72,16 @@ class SettingsCli(Generic[S]):
         Raises pydantic's ``ValidationError`` or pydantic-settings' ``SettingsError``.
         """
         source = self._settings_source()
-        ns = self.parser.parse_args(None if argv is None else list(argv))
+        args = sys.argv[1:] if argv is None else list(argv)
+        ns = self.parser.parse_args([self._canonical(a) for a in args])
         own = argparse.Namespace(**{dest: getattr(ns, dest) for dest in self._own})
         for dest in self._own:
             delattr(ns, dest)
         return self.model(_cli_settings_source=source(parsed_args=ns)), own
+
+    def _canonical(self, arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        return self._aliases.get(name, name) + eq + value if name.startswith("--") else arg
 
     def parse_or_report(
         self, argv: Iterable[str] | None = None, hints: Mapping[str, str] | None = None

@@ -89,7 +89,7 @@ def test_the_extender_refuses_an_invalid_policy_with_every_error_and_exit_2(tmp_
     bad.write_text(
         "apiVersion: kepler.io/v1\nkind: GPUSchedulingPolicy\nspec:\n  thermalThrottling:\n    maxTemp: -4\n    coolDownPeriod: soon\n"
     )
-    proc = run("-m", "scheduler_extender", "--policy-file", str(bad), "--check-policy")
+    proc = run("-m", "scheduler_extender", "--policy", str(bad), "--check-policy")
     assert proc.returncode == 2
     assert "maxTemp" in proc.stderr and "coolDownPeriod" in proc.stderr
 
@@ -101,6 +101,6 @@ def test_the_extender_accepts_the_seed_policy(tmp_path):
         ' "spec": {"powerSaving": {"enabled": true, "threshold": 70},'
         ' "thermalThrottling": {"maxTemp": 85, "coolDownPeriod": "5m"}}}'
     )
-    proc = run("-m", "scheduler_extender", "--policy-file", str(seed), "--check-policy")
+    proc = run("-m", "scheduler_extender", "--policy", str(seed), "--check-policy")
     assert proc.returncode == 0, proc.stderr
     assert "edge-gpu-policy" in proc.stdout
