@@ -27,7 +27,7 @@ run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4)
 cluster: $(STAMP) ## a real control plane with edgegpu installed and NODES (4) simulated GPU nodes (kubeconfig: .e2e/kubeconfig)
 	$(PY) -m tests.e2e.cluster --nodes $(NODES)
 
-test: $(STAMP) lint typecheck imports pytest ## lint, types, layers, unit and integration tests (no cluster)
+test: $(STAMP) lint typecheck imports pytest ## lint, types, layers, unit and integration tests (no cluster; Helm built once from the Go module proxy)
 
 pytest: $(STAMP) ## the test suite only
 	$(PY) -m pytest

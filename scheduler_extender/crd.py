@@ -70,6 +70,9 @@ def spec_schema() -> dict[str, Any]:
     defs[QosClass.__name__] = {"type": "string", "enum": classes}
     out: dict[str, Any] = _structural(schema, defs)
     out.pop("description", None)
+    # Unknown keys reach the extender, which refuses the policy naming them (Accepted=False),
+    # instead of the API server dropping a typo without a word.
+    out["x-kubernetes-preserve-unknown-fields"] = True
     return out
 
 

@@ -11,18 +11,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 SLOWDOWN_REASONS: Final = frozenset(
-    {
-        "sw_power_cap",
-        "hw_slowdown",
-        "sw_thermal_slowdown",
-        "hw_thermal_slowdown",
-        "hw_power_brake_slowdown",
-    }
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
-"""Throttle reasons (NVML's clock event reasons) that hold clocks down for heat or power."""
+"""Throttle reasons (NVML's clock event reasons) that hold clocks down for heat or a power
+brake. ``sw_power_cap`` is left out: a GPU at full load sits at its power limit."""
 
 
-def _slowdown(gpu: Any) -> float:
+def _slowdown(gpu: Any) -> float | None:
+    if getattr(gpu, "vendor", None) not in (None, "nvidia"):
+        return None  # only NVML reports the reasons: unknown elsewhere
     reasons = gpu.throttle_reasons
     return 1.0 if reasons and not SLOWDOWN_REASONS.isdisjoint(reasons) else 0.0
 
@@ -97,7 +94,7 @@ GPU_FIELDS: Final = (
     ),
     GpuField(
         "slowdown",
-        "1 while the GPU's clocks are held down for heat or power (thermal or power throttling).",
+        "1 while the GPU's clocks are held down for heat or a power brake (NVIDIA only).",
         metric="node_gpu_clock_slowdown",
         derive=_slowdown,
     ),

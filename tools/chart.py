@@ -94,6 +94,11 @@ _TLS_VOLUME = (
     "      - name: tls\n"
     "          secret: {secretName: {{ .Values.extender.tls.secretName | quote }}}\n"
 )
+_CA_VOLUME = (  # the scheduler and the agents get the CA only, never the extender's key
+    "      - name: tls\n"
+    "          secret: {secretName: {{ .Values.extender.tls.secretName | quote }}, "
+    "items: [{key: ca.crt, path: ca.crt}]}\n"
+)
 
 
 _SUBSTITUTIONS = (
@@ -199,7 +204,7 @@ _SUBSTITUTIONS = (
         "scheduler/deployment.yaml",
         "          configMap: {name: edgegpu-scheduler-config}\n",
         "          configMap: {name: edgegpu-scheduler-config}\n"
-        f"        {_TLS_BLOCK}\n  {_TLS_VOLUME}"
+        f"        {_TLS_BLOCK}\n  {_CA_VOLUME}"
         "        {{- end }}\n",
     ),
     Value(
@@ -227,7 +232,7 @@ _SUBSTITUTIONS = (
         "node-agent/daemonset.yaml",
         "          hostPath: {path: /var/run, type: Directory}\n",
         "          hostPath: {path: /var/run, type: Directory}\n"
-        f"        {_TLS_BLOCK}\n  {_TLS_VOLUME}"
+        f"        {_TLS_BLOCK}\n  {_CA_VOLUME}"
         "        {{- end }}\n",
     ),
     Value(

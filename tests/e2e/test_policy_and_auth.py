@@ -52,8 +52,21 @@ def test_a_policy_edit_reloads_and_an_invalid_one_is_refused(cluster: Cluster) -
         assert "coolDownPeriod" in cond["message"], cond
         time.sleep(1.0)
         assert max_temp(cluster) == [83, 83]  # the previous policy stays in force
+        # A misspelt section reaches the extender (the CRD keeps unknown keys) and is refused.
+        patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "5m"},
+                               "thermalThrotling": {"maxTemp": 70}})  # fmt: skip
+        cond = until(
+            "Accepted=False for a typo",
+            lambda: (
+                (c := accepted(cluster)).get("status") == "False"
+                and "thermalThrotling" in c.get("message", "")
+                and c
+            ),
+        )
+        assert max_temp(cluster) == [83, 83]
     finally:
-        patch_policy(cluster, {"thermalThrottling": {"maxTemp": 85, "coolDownPeriod": "5m"}})
+        patch_policy(cluster, {"thermalThrottling": {"maxTemp": 85, "coolDownPeriod": "5m"},
+                               "thermalThrotling": None})  # fmt: skip
         until("policy restored", lambda: max_temp(cluster) == [85, 85])
 
 

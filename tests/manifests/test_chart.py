@@ -122,6 +122,8 @@ def test_other_values_render_valid_objects_that_carry_them():
         "--extender-urls=https://edgegpu-extender-headless.edge-ops.svc:8888" in container["args"]
     )
     assert "--ca-file=/etc/edgegpu-tls/ca.crt" in container["args"]
+    ca_only = {"secretName": "edgegpu-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {"name": "tls", "secret": ca_only} in agent["volumes"]  # never the extender's key
     assert agent["nodeSelector"] == {"accelerator": "nvidia-tesla", "gpu": "amd-mi210"}
     assert agent["tolerations"] == [
         {"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}
@@ -147,6 +149,8 @@ def test_with_tls_the_second_scheduler_calls_the_extender_over_https_with_the_ca
     assert extender["enableHTTPS"] is True
     assert extender["tlsConfig"] == {"caFile": "/etc/edgegpu-tls/ca.crt"}
     pod = objects[("Deployment", "edge-ops", "edgegpu-scheduler")]["spec"]["template"]["spec"]
+    ca_only = {"secretName": "edgegpu-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {"name": "tls", "secret": ca_only} in pod["volumes"]
     assert {"name": "tls", "mountPath": "/etc/edgegpu-tls", "readOnly": True} in pod["containers"][
         0
     ]["volumeMounts"]

@@ -24,7 +24,7 @@ def demand(qos: QosClass = QosClass.TRAINING) -> PodDemand:
     [
         ([], 0.0),
         (["gpu_idle", "applications_clocks_setting"], 0.0),
-        (["sw_power_cap"], 1.0),
+        (["sw_power_cap"], 0.0),  # at its power limit under full load: not slowed
         (["sw_thermal_slowdown"], 1.0),
         (["gpu_idle", "hw_power_brake_slowdown"], 1.0),
     ],
@@ -33,6 +33,12 @@ def test_the_reported_throttle_reasons_give_the_slowdown_field(reasons, slowed):
     doc = report("n1", [gpu(0, throttle_reasons=reasons)])
     assert digest(report_from(doc)).column("slowdown") == [slowed]
     assert SLOWDOWN.metric == "node_gpu_clock_slowdown"
+
+
+def test_gpus_of_vendors_whose_tools_report_no_reasons_are_unknown_not_unslowed():
+    doc = report("n1", [gpu(0, vendor="amd"), gpu(1, vendor="nvidia", throttle_reasons=[])])
+    unknown, full = digest(report_from(doc)).column("slowdown")
+    assert np.isnan(unknown) and full == 0.0
 
 
 def test_a_slowed_node_scores_below_its_twin_and_best_effort_does_not_mind():
