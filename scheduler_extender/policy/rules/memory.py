@@ -89,18 +89,6 @@ def is_idle(
     return idle
 
 
-def is_busy(
-    unaccounted_used_mib: FloatArray,
-    allocated_blocks: IntArray,
-    whole_taken: BoolArray,
-    args: MemoryArgs,
-) -> BoolArray:
-    """A GPU holds work: blocks or a whole pod assigned, or memory in use past idleUsedMiB."""
-    used = np.fmax(unaccounted_used_mib, 0.0)
-    busy: BoolArray = (allocated_blocks > 0) | whole_taken | (used > args.idle_used_mib)
-    return busy
-
-
 def fit_score(free: IntArray, capacity: IntArray, request_blocks: int, pack: bool) -> FloatArray:
     """How well a request fits a GPU, in 0..1.
 

@@ -63,10 +63,10 @@ def _headroom(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
 
 
 def _active(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
-    busy = memory.is_busy(
+    idle = memory.is_idle(
         batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
     )
-    active = is_active(batch.readings["utilization_pct"], busy, spec.power_saving)
+    active = is_active(batch.readings["utilization_pct"], ~idle, spec.power_saving)
     return active.astype(np.float64)
 
 
