@@ -93,7 +93,7 @@ async def _run(
     settings: AgentSettings,
     ns: argparse.Namespace,
     backend: GpuBackend,
-    verify: ssl.SSLContext | bool = True,
+    verify: ssl.SSLContext | bool,
 ) -> int:
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry, settings.node_name)

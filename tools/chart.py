@@ -90,15 +90,20 @@ def _values_text() -> str:
 _TLS = "{{ if .Values.extender.tls.secretName }}"
 _TLS_BLOCK = "{{- if .Values.extender.tls.secretName }}"
 _TLS_DIR = "/etc/edgegpu-tls"
-_TLS_VOLUME = (
-    "      - name: tls\n"
-    "          secret: {secretName: {{ .Values.extender.tls.secretName | quote }}}\n"
-)
-_CA_VOLUME = (  # the scheduler and the agents get the CA only, never the extender's key
-    "      - name: tls\n"
-    "          secret: {secretName: {{ .Values.extender.tls.secretName | quote }}, "
-    "items: [{key: ca.crt, path: ca.crt}]}\n"
-)
+
+
+def _tls_volume(items: str = "") -> str:
+    """The TLS Secret as a volume: the whole of it, or the ``items`` named."""
+    return (
+        "      - name: tls\n"
+        "          secret: {secretName: {{ .Values.extender.tls.secretName | quote }}"
+        f"{items}}}\n"
+    )
+
+
+_TLS_VOLUME = _tls_volume()
+_CA_VOLUME = _tls_volume(", items: [{key: ca.crt, path: ca.crt}]")
+"""The scheduler and the agents get the CA only, never the extender's key."""
 
 
 _SUBSTITUTIONS = (

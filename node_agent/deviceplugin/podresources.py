@@ -15,7 +15,6 @@ from node_agent.deviceplugin import podresources_pb2, podresources_pb2_grpc
 
 log = logging.getLogger("node_agent.deviceplugin")
 
-SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 TIMEOUT_S = 1.0
 
 Held = Callable[[], Awaitable[dict[str, int] | None]]
