@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,33 +374,35 @@ def extender_counts(url: str) -> dict[str, float]:
 
 
 # -- one node count ----------------------------------------------------------------------------
-async def create_nodes(cp: ControlPlane, count: int) -> None:
-    """Register ``count`` Ready GPU Nodes."""
+async def create_nodes(
+    cp: ControlPlane, nodes: Sequence[tuple[dict[str, Any], dict[str, Any]]]
+) -> None:
+    """Register Ready Nodes: each a Node object and the status patch kubelet would write."""
     ctx = ssl.create_default_context(cafile=str(cp.ca))
     headers = {"authorization": f"Bearer {cp.admin_token}"}
     async with httpx.AsyncClient(base_url=cp.server, verify=ctx, headers=headers,
                                  timeout=60) as client:  # fmt: skip
-        todo = iter(range(count))
-        status = node_status()
+        todo = iter(nodes)
 
         async def one() -> None:
-            for i in todo:
-                resp = await client.post("/api/v1/nodes", json=node_object(i))
+            for node, status in todo:
+                name = node["metadata"]["name"]
+                resp = await client.post("/api/v1/nodes", json=node)
                 if resp.status_code not in (201, 409):
-                    raise RuntimeError(f"node {i}: {resp.status_code} {resp.text[:200]}")
+                    raise RuntimeError(f"node {name}: {resp.status_code} {resp.text[:200]}")
                 resp = await client.patch(
-                    f"/api/v1/nodes/{node_name(i)}/status", json=status,
+                    f"/api/v1/nodes/{name}/status", json=status,
                     headers={"content-type": "application/strategic-merge-patch+json"},
                 )  # fmt: skip
                 if resp.status_code != 200:
-                    raise RuntimeError(f"node {i} status: {resp.status_code} {resp.text[:200]}")
+                    raise RuntimeError(f"node {name} status: {resp.status_code} {resp.text[:200]}")
                 # The not-ready taint admission puts on a new Node: no controller lifts it here.
                 resp = await client.patch(
-                    f"/api/v1/nodes/{node_name(i)}", json={"spec": {"taints": None}},
+                    f"/api/v1/nodes/{name}", json={"spec": {"taints": None}},
                     headers={"content-type": "application/merge-patch+json"},
                 )  # fmt: skip
                 if resp.status_code != 200:
-                    raise RuntimeError(f"node {i} taints: {resp.status_code} {resp.text[:200]}")
+                    raise RuntimeError(f"node {name} taints: {resp.status_code} {resp.text[:200]}")
 
         await asyncio.gather(*(one() for _ in range(16)))
 
@@ -471,7 +473,8 @@ async def bench_nodes(
         cp.start(controllers=False)
         log(f"[{count}] control plane up; creating {count} Nodes")
         started = time.monotonic()
-        await create_nodes(cp, count)
+        status = node_status()
+        await create_nodes(cp, [(node_object(i), status) for i in range(count)])
         log(f"[{count}] Nodes created in {time.monotonic() - started:.0f} s; installing edgegpu")
         install(cp, rollouts=False)
         token = secrets.token_hex(16)

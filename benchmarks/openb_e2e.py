@@ -17,6 +17,7 @@ extender).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -31,7 +32,7 @@ import httpx
 import numpy as np
 import yaml
 
-from benchmarks.e2e import PinnedExtender, log
+from benchmarks.e2e import PinnedExtender, create_nodes, log
 from benchmarks.openb import frag, ours, replay, trace
 from scheduler_extender.names import MEM_BLOCK_RESOURCE
 from tests.e2e.controlplane import ROOT, ControlPlane, wait_until
@@ -182,14 +183,7 @@ def run_real(
         cp.start(controllers=False)
         api = stack.enter_context(cp.client())
         merge = {"content-type": "application/merge-patch+json"}
-        for i in range(nodes.size):
-            node, status = node_objects(nodes, i)
-            name = node["metadata"]["name"]
-            call(api, "POST", "/api/v1/nodes", json=node)
-            call(api, "PATCH", f"/api/v1/nodes/{name}/status", json=status, headers=merge)
-            # The not-ready taint admission puts on a new Node: no controller lifts it here.
-            call(api, "PATCH", f"/api/v1/nodes/{name}", json={"spec": {"taints": None}},
-                 headers=merge)  # fmt: skip
+        asyncio.run(create_nodes(cp, [node_objects(nodes, i) for i in range(nodes.size)]))
         install(cp, rollouts=False)
         policy = yaml.safe_load(ours.POLICY_FILE.read_text())["spec"]
         call(api, "PATCH", "/apis/kepler.io/v1/gpuschedulingpolicies/edge-gpu-policy",
