@@ -3,24 +3,26 @@
 No maintained Python binding of Level Zero Sysman is on the package index, so the agent runs
 ``xpu-smi`` and reads its ``-j`` output: ``discovery -j`` lists the GPUs, ``discovery -d N -j``
 gives a GPU's uuid, name and memory, ``stats -d N -j`` its readings (device level). A metric
-xpu-smi does not print is ``None``; a GPU whose stats cannot be read is lost. Nothing is
-controlled through this backend yet (power limits and clocks are not supported); the self-test
-is ``xpu-smi diag`` level 1 on every GPU.
+xpu-smi does not print is ``None``; a GPU whose stats cannot be read is lost. The device-level
+power limit is read with ``config -d N -j`` and set with ``config -d N --powerlimit W``; clocks
+are not controlled. The self-test is ``xpu-smi diag`` level 1 on every GPU.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from node_agent.backends.base import ReadOnlyControls
-from node_agent.errors import BackendUnavailable
-from node_agent.model import GpuReading, NodeChecks
+from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
+from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits
 from node_agent.selftest import run_self_test
 
 log = logging.getLogger("node_agent.intel")
@@ -31,20 +33,41 @@ TIMEOUT_S: Final = 10.0
 Run = Callable[[Sequence[str]], str]
 """Runs ``xpu-smi`` with these arguments and returns its stdout (``RuntimeError`` on failure)."""
 
+RANGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+to\s+(\d+(?:\.\d+)?)\s*$")
+"""``power_vaild_range`` as xpu-smi prints it (sic): ``"1 to 150"``, watts."""
+
+
+class XpuSmiError(RuntimeError):
+    """xpu-smi refused; ``error`` is the ``"error"`` text of its JSON answer when it printed one."""
+
+    def __init__(self, message: str, error: str = "") -> None:
+        super().__init__(message)
+        self.error = error
+
 
 def run_xpu_smi(args: Sequence[str]) -> str:
-    """``xpu-smi ARGS`` → stdout; a missing tool, a timeout or an error exit → RuntimeError."""
+    """``xpu-smi ARGS`` → stdout; a missing tool, a timeout or an error exit → XpuSmiError."""
+    what = f"xpu-smi {' '.join(args)}"
     try:
         proc = subprocess.run(
             ["xpu-smi", *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"xpu-smi {' '.join(args)}: {exc}") from None
+        raise XpuSmiError(f"{what}: {exc}") from None
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"xpu-smi {' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}"
-        )
+        error = _error_of(proc.stdout)
+        detail = error or proc.stderr.strip()[:300]
+        raise XpuSmiError(f"{what}: exit {proc.returncode}: {detail}", error)
     return proc.stdout
+
+
+def _error_of(stdout: str) -> str:
+    """The ``"error"`` of a JSON answer (``-j``), or ``""``."""
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        return ""
+    return str(answer.get("error") or "") if isinstance(answer, dict) else ""
 
 
 def _number(value: Any) -> float | None:
@@ -64,14 +87,19 @@ class IntelBackend(ReadOnlyControls):
     """Intel Data Center / Flex / Arc GPUs read through xpu-smi."""
 
     name = "intel"
-    what = "Intel GPUs (yet)"
+    what = "Intel GPUs"
 
-    def __init__(self, *, run: Run | None = None, dev_root: Path = Path("/dev")) -> None:
+    def __init__(
+        self, *, run: Run | None = None, dev_root: Path = Path("/dev"), root: bool | None = None
+    ) -> None:
         self._run = run
         self._dev_root = dev_root
+        self._root = os.geteuid() == 0 if root is None else root
         self._ids: list[int] = []
         self._info: dict[int, dict[str, Any]] = {}
         self._driver_ok = True
+        self._limits: dict[int, PowerLimits | None] = {}
+        self._limit_w: dict[int, float] = {}
 
     def _json(self, *args: str) -> Any:
         assert self._run is not None
@@ -143,6 +171,7 @@ class IntelBackend(ReadOnlyControls):
             memory_used_mib=_number(metrics.get("XPUM_STATS_MEMORY_USED")),
             sm_clock_mhz=_number(metrics.get("XPUM_STATS_GPU_FREQUENCY")),
             ecc_uncorrected=int(uncorrectable) if uncorrectable is not None else None,
+            power_limit_w=self._limit_w.get(index),
         )
 
     def node_checks(self) -> NodeChecks:
@@ -150,6 +179,65 @@ class IntelBackend(ReadOnlyControls):
         return NodeChecks(
             driver_ok=self._driver_ok, device_nodes_ok=(self._dev_root / "dri").exists()
         )
+
+    # -- control ----------------------------------------------------------------------------
+    def capabilities(self, index: int) -> Capabilities:
+        """A device-level power limit where xpu-smi reads one; no clock locking, no processes."""
+        return Capabilities(power_limit=self.power_limits(index) is not None)
+
+    def power_limits(self, index: int) -> PowerLimits | None:
+        """``config -d N -j``: the valid range; read once per GPU.
+
+        xpu-smi prints no default limit, so the top of the valid range stands for it (what the
+        agent restores after a cap).
+        """
+        if index in self._limits:
+            return self._limits[index]
+        limits = None
+        try:
+            config = self._json("config", "-d", str(self._ids[index]), "-j")
+        except (RuntimeError, ValueError) as exc:
+            log.info("gpu %d: no power limit from xpu-smi: %s", index, exc)
+            config = {}
+        if isinstance(config, dict) and not config.get("error"):
+            match = RANGE.match(str(config.get("power_vaild_range") or ""))
+            current = _number(config.get("power_limit"))
+            if match and float(match[2]) > 0:
+                lo, hi = float(match[1]), float(match[2])
+                limits = PowerLimits(min_w=lo, max_w=hi, default_w=hi)
+                if current is not None and current > 0:
+                    self._limit_w[index] = current
+        self._limits[index] = limits
+        return limits
+
+    def set_power_limit_w(self, index: int, watts: float) -> None:
+        """``config -d N --powerlimit W`` (whole watts, at least 1)."""
+        if self.power_limits(index) is None:
+            raise NotSupported("xpu-smi reads no power limit range for this GPU")
+        limit = max(1, round(watts))
+        try:
+            answer = self._json(
+                "config", "-d", str(self._ids[index]), "--powerlimit", str(limit), "-j"
+            )
+        except XpuSmiError as exc:
+            self._refused(exc.error or str(exc))
+        except ValueError:
+            answer = {}
+        if isinstance(answer, dict) and answer.get("error"):
+            self._refused(str(answer["error"]))
+        self._limit_w[index] = float(limit)
+
+    def _refused(self, error: str) -> NoReturn:
+        """Classify xpu-smi's refusal of a setting.
+
+        Its message names both causes at once ("unsupported feature or insufficient privilege"),
+        so who the agent runs as decides: not root is a missing permission.
+        """
+        if not self._root:
+            raise PermissionDenied(f"xpu-smi: {error} (the agent needs root for this)")
+        if "unsupported" in error.lower():
+            raise NotSupported(f"xpu-smi: {error}")
+        raise XpuSmiError(f"xpu-smi: {error}", error)
 
     def self_test(self) -> dict[str, Any]:
         """``xpu-smi diag`` level 1 on every GPU."""
