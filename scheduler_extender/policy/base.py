@@ -115,9 +115,10 @@ _TEXT: Final = {
 
 # Hot and cooling GPUs will cool; whole GPUs held by pods can be freed by preemption. Missing
 # or stale telemetry, absent hardware and unhealthy GPUs cannot be fixed by evicting pods. Nor,
-# for kube-scheduler, can a shortage of memory blocks: nodes do not advertise the blocks, so its
-# preemption dry run never finds victims for them, and a resolvable verdict only makes it
-# nominate the pod and retry at once, again and again. The pod waits for room instead.
+# for kube-scheduler, can a node with blocks enough but not on one GPU: it counts blocks per
+# node, so its preemption dry run finds no victim there, and a resolvable verdict only makes it
+# retry at once, again and again. The pod waits for room instead. (A node short of blocks as a
+# whole fails kube-scheduler's own resource check, and its preemption frees blocks there.)
 _RESOLVABLE: Final = frozenset({Reason.GPU_HOT, Reason.GPU_COOLING_DOWN, Reason.NO_FREE_GPUS})
 
 REASON_TEXT: Final = np.array([_TEXT[r] for r in Reason], dtype=object)

@@ -195,8 +195,9 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool =
         balancer.start()
         urls = [e.ingest_url for e in extenders]
         for seed, (name, gpus, scenario, _) in enumerate(NODES):
+            args = [*AGENT_ARGS.get(scenario, []), *device_plugin(cluster, name)]
             agent = Agent(cp, name, gpus, urls, scenario=scenario, seed=seed,
-                          interval_s=agent_interval_s, extra_args=AGENT_ARGS.get(scenario, []))  # fmt: skip
+                          interval_s=agent_interval_s, extra_args=args)  # fmt: skip
             agent.start()
             cluster.agents[name] = agent
         scheduler.start()
@@ -222,6 +223,19 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool =
         stop_cluster(cluster)
         raise
     return cluster
+
+
+def device_plugin(cluster: Cluster, node: str) -> list[str]:
+    """Give ``node`` kubelet's device manager (once); the flags of its agent's device plugin.
+
+    Every GPU node runs the plugin, as the DaemonSet does: kube-scheduler counts the memory
+    blocks a node advertises.
+    """
+    folder = cluster.cp.folder / f"{node}-device-plugins"
+    socket = cluster.cp.folder / f"{node}-pod-resources" / "kubelet.sock"
+    if node not in cluster.kubelet.device_managers:
+        cluster.kubelet.attach_device_manager(node, folder, socket)
+    return ["--device-plugin", "--kubelet-dir", str(folder), "--pod-resources-socket", str(socket)]
 
 
 def stop_cluster(cluster: Cluster) -> None:
@@ -296,15 +310,14 @@ def extra_node(
     *,
     labels: dict[str, str] | None = None,
     gpu_resource: str = "nvidia.com/gpu",
-    before_agent: Callable[[], None] | None = None,
 ) -> Iterator[Agent]:
-    """A GPU node of one test, with its agent (the DaemonSet's pod on it), gone afterwards."""
+    """A GPU node of one test, with its agent (the DaemonSet's pod on it, device plugin on),
+    gone afterwards."""
     every = {"accelerator": "nvidia-tesla", "edgegpu.io/rack": "rack-c", **(labels or {})}
     cluster.kubelet.add_node(name, gpus=gpus, labels=every, gpu_resource=gpu_resource)
-    if before_agent is not None:
-        before_agent()
+    args = ["--load-pct", "0", *agent_args, *device_plugin(cluster, name)]
     agent = Agent(cluster.cp, name, gpus, [e.ingest_url for e in cluster.extenders],
-                  seed=sum(map(ord, name)), extra_args=["--load-pct", "0", *agent_args])  # fmt: skip
+                  seed=sum(map(ord, name)), extra_args=args)  # fmt: skip
     agent.start()
     try:
         yield agent
@@ -312,6 +325,7 @@ def extra_node(
         agent.stop()
         cluster.kubelet.silence(name)
         cluster.cp.request("DELETE", f"/api/v1/nodes/{name}")
+        cluster.kubelet.detach_device_manager(name)
 
 
 def reported(cluster: Cluster, node: str) -> bool:

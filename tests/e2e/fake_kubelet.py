@@ -79,12 +79,12 @@ class DeviceManager:
         self.popen.stdin.write(json.dumps(command) + "\n")
         self.popen.stdin.flush()
 
-    def wait(self, check: Any, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The first event ``check`` accepts (waiting for it)."""
+    def wait(self, check: Any, timeout_s: float = 30.0, since: int = 0) -> dict[str, Any]:
+        """The first event from the ``since``-th on that ``check`` accepts (waiting for it)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
-                for event in self.events:
+                for event in self.events[since:]:
                     if check(event):
                         return event
                 left = deadline - time.monotonic()
@@ -92,12 +92,35 @@ class DeviceManager:
                     raise TimeoutError(f"no such device manager event; got {self.events[-5:]}")
                 self._cond.wait(left)
 
+    def _ask(self, command: dict[str, Any], answered: Any) -> dict[str, Any]:
+        """Send a command; the first event after it that ``answered`` accepts."""
+        with self._cond:
+            since = len(self.events)
+        try:
+            self._send(command)
+        except (OSError, ValueError) as exc:  # stopped: its node is gone
+            return {"event": "error", "error": f"device manager stopped: {exc}"}
+        return self.wait(answered, since=since)
+
+    def resources(self) -> set[str]:
+        """The resources plugins registered."""
+        with self._cond:
+            return {e["resource"] for e in self.events if e["event"] == "registered"}
+
     def allocate(self, resource: str, size: int, pod: str, container: str) -> dict[str, Any]:
         """kubelet's admission of a container asking ``size`` devices: its allocation, or an
         error."""
-        self._send({"allocate": {"resource": resource, "size": size, "pod": pod,
-                                 "container": container}})  # fmt: skip
-        return self.wait(lambda e: e.get("pod") == pod and e["event"] in ("allocated", "error"))
+        return self._ask(
+            {"allocate": {"resource": resource, "size": size, "pod": pod, "container": container}},
+            lambda e: e.get("pod") == pod and e["event"] in ("allocated", "error"),
+        )
+
+    def release(self, pod: str) -> dict[str, Any]:
+        """The pod is gone: its devices are free again."""
+        return self._ask(
+            {"release": {"pod": pod}},
+            lambda e: e.get("pod") == pod and e["event"] in ("released", "error"),
+        )
 
     def restart(self) -> None:
         """What a kubelet restart does to the device plugins' folder."""
@@ -129,6 +152,7 @@ class FakeKubelet:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._deleting: set[str] = set()
+        self._admitted: set[str] = set()  # pod UIDs: a stale Pending event admits nothing twice
         self._ips = 0
         self.started_pods = 0
         self.device_managers: dict[str, DeviceManager] = {}
@@ -268,16 +292,23 @@ class FakeKubelet:
         self.device_managers[node] = manager
         return manager
 
+    def detach_device_manager(self, node: str) -> None:
+        """The node is gone: stop its device manager."""
+        manager = self.device_managers.pop(node, None)
+        if manager is not None:
+            manager.stop()
+
     def _admit(self, node: str, pod: dict[str, Any]) -> str | None:
         """Allocate the device-plugin resources a pod's containers ask for; the error if any."""
         manager = self.device_managers.get(node)
         if manager is None:
             return None
         meta = pod["metadata"]
+        registered = manager.resources()
         for container in pod["spec"].get("containers") or []:
             limits = (container.get("resources") or {}).get("limits") or {}
             for resource, amount in limits.items():
-                if "/" not in resource or resource.startswith(("nvidia.com/", "kubernetes.io/")):
+                if resource not in registered:
                     continue  # not a device plugin's resource on this node
                 result = manager.allocate(
                     resource, int(amount), f"{meta['namespace']}/{meta['name']}", container["name"]
@@ -335,13 +366,14 @@ class FakeKubelet:
                 return
             self._deleting.add(uid)
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
-            timer = threading.Timer(grace, self._delete, (ns, name, uid))
+            timer = threading.Timer(grace, self._delete, (node, ns, name, uid))
             timer.daemon = True
             timer.start()
             return
         status = pod.get("status") or {}
-        if status.get("phase") not in (None, "Pending"):
+        if status.get("phase") not in (None, "Pending") or uid in self._admitted:
             return
+        self._admitted.add(uid)
         refused = self._admit(node, pod)
         if refused is not None:
             self._patch(c, f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {
@@ -383,7 +415,12 @@ class FakeKubelet:
         elif resp.status_code != 404:
             log.warning("pod %s/%s status: %s %s", ns, name, resp.status_code, resp.text[:200])
 
-    def _delete(self, ns: str, name: str, uid: str) -> None:
+    def _delete(self, node: str, ns: str, name: str, uid: str) -> None:
+        # The containers have ended: their devices are free before the pod object goes, so the
+        # pod that preempted it finds them free at admission.
+        manager = self.device_managers.get(node)
+        if manager is not None:
+            manager.release(f"{ns}/{name}")
         try:
             with self.cp.client() as c:
                 c.request(

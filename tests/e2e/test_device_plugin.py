@@ -22,20 +22,13 @@ NODE = "dp-0"
 
 
 def pod_resources(cluster: Cluster) -> Path:
-    """Where dp-0's kubelet serves its PodResources API."""
-    return cluster.cp.folder / "dp-0-pod-resources" / "kubelet.sock"
+    """Where dp-0's kubelet serves its PodResources API (``conftest.device_plugin``)."""
+    return cluster.cp.folder / f"{NODE}-pod-resources" / "kubelet.sock"
 
 
 @pytest.fixture
 def plugin_node(cluster: Cluster) -> Iterator[Agent]:
-    folder = cluster.cp.folder / "dp-0-device-plugins"
-    args = ["--model", "Tesla T4", "--device-plugin", "--kubelet-dir", str(folder),
-            "--pod-resources-socket", str(pod_resources(cluster))]  # fmt: skip
-
-    def attach() -> None:
-        cluster.kubelet.attach_device_manager(NODE, folder, pod_resources(cluster))
-
-    with extra_node(cluster, NODE, 2, args, labels=POOL, before_agent=attach) as agent:
+    with extra_node(cluster, NODE, 2, ["--model", "Tesla T4"], labels=POOL) as agent:
         manager = cluster.kubelet.device_managers[NODE]
         manager.wait(lambda e: e["event"] == "devices" and e["devices"], 60.0)
         yield agent

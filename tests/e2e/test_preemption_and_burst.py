@@ -1,5 +1,6 @@
-"""Preemption through /preempt, memory-block pods without preemption churn, and a burst of
-pods bound without a refusal (kube-scheduler binds in the background while it filters on)."""
+"""Preemption through /preempt (whole GPUs and memory blocks), block pods that fit on no one GPU
+waiting without preemption churn, and a burst of pods bound without a refusal (kube-scheduler
+binds in the background while it filters on)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import Cluster, until
+from tests.e2e.conftest import Cluster, device_plugin, until
 from tests.e2e.edgegpu import Agent
 
 LOW, HIGH = "e2e-low", "e2e-high"
@@ -49,18 +50,63 @@ def test_whole_gpu_preemption_goes_through_the_extenders_preempt(cluster: Cluste
     assert len(gone) == 1, gone  # one victim was enough
 
 
-def test_a_block_pod_that_fits_nowhere_waits_without_preemption_churn(
+def fill(cluster: Cluster, ns: str, node: str, leave: int) -> list[dict[str, Any]]:
+    """One low-priority pod on each GPU of ``node``, of all its free blocks but ``leave``
+    (once the pods of earlier tests are gone from it)."""
+
+    def empty() -> list[dict[str, Any]] | None:
+        pods = cluster.cp.get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}") or {}
+        if any("gpu-mem-block" in str(p["spec"]["containers"]) for p in pods.get("items") or []):
+            return None
+        rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
+        gpus: list[dict[str, Any]] = rows[node]["gpus"]
+        return gpus if not any(g["allocated_blocks"] for g in gpus) else None
+
+    gpus = until(f"{node} without block pods", empty, 60.0)
+    for g in gpus:
+        cluster.create(cluster.pod(f"fill-{g['index']}", ns, blocks=g["free_blocks"] - leave,
+                                   priority_class=LOW, node_selector=on(node)))  # fmt: skip
+    return [cluster.wait_bound(ns, f"fill-{g['index']}") for g in gpus]
+
+
+def test_a_block_pod_preempts_a_lower_priority_block_pod(
     cluster: Cluster, ns: str, say: Callable[[str], None]
 ) -> None:
+    # Every block gpu-c advertises is taken: kube-scheduler's own count fails the node, its
+    # preemption picks a victim, and /preempt keeps it where that victim's GPU makes room.
     priority_classes(cluster)
-    rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
-    gpus = rows["gpu-c"]["gpus"]
-    for g in gpus:  # fill every GPU of gpu-c with one low-priority pod of all its blocks
-        cluster.create(cluster.pod(f"fill-{g['index']}", ns, blocks=g["free_blocks"],
-                                   priority_class=LOW, node_selector=on("gpu-c")))  # fmt: skip
-    for g in gpus:
-        cluster.wait_bound(ns, f"fill-{g['index']}")
-    cluster.create(cluster.pod("late", ns, blocks=1, priority_class=HIGH,
+    fills = fill(cluster, ns, "gpu-c", leave=0)
+    cluster.create(cluster.pod("late", ns, blocks=1, qos="training", priority_class=HIGH,
+                               node_selector=on("gpu-c")))  # fmt: skip
+    late = cluster.wait_bound(ns, "late", 60.0)
+    assert late["spec"]["nodeName"] == "gpu-c"
+    assert any(p.endswith("/preempt") and name == "late" for p, _, name in cluster.balancer.served)
+
+    def gone(pod: dict[str, Any]) -> bool:
+        now = cluster.get_pod(ns, pod["metadata"]["name"])
+        return (
+            now is None
+            or now["metadata"]["uid"] != pod["metadata"]["uid"]
+            or bool(now["metadata"].get("deletionTimestamp"))
+        )
+
+    victims = [f for f in fills if gone(f)]
+    assert len(victims) == 1, [v["metadata"]["name"] for v in victims]  # one was enough
+    gpu = late["metadata"]["annotations"]["edgegpu.io/gpu-index"]
+    assert gpu == victims[0]["metadata"]["annotations"]["edgegpu.io/gpu-index"]
+    say(f"\nblock preemption: late (1 block, high priority) took GPU {gpu} of gpu-c from "
+        f"{victims[0]['metadata']['name']} ({len(fills)} low-priority pods held every block)")  # fmt: skip
+
+
+def test_a_block_pod_that_fits_on_no_one_gpu_waits_without_preemption_churn(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    # One free block left on each GPU of gpu-c: the node has blocks enough for a 2-block pod,
+    # so kube-scheduler's count passes it and its preemption finds no victim to take; the
+    # extender's verdict (no room on one GPU) is final, and the pod waits for room.
+    priority_classes(cluster)
+    fill(cluster, ns, "gpu-c", leave=1)
+    cluster.create(cluster.pod("late", ns, blocks=2, priority_class=HIGH,
                                node_selector=on("gpu-c")))  # fmt: skip
     time.sleep(10.0)
     filters = [
@@ -68,11 +114,10 @@ def test_a_block_pod_that_fits_nowhere_waits_without_preemption_churn(
     ]
     late = cluster.get_pod(ns, "late") or {}
     messages = [e.get("message", "") for e in cluster.events(ns, "late")]
-    say(f"\nfilter calls for a high-priority block pod that fits nowhere, in 10 s: {len(filters)}; "
-          f"nominated: {late.get('status', {}).get('nominatedNodeName')}; events: {messages}")  # fmt: skip
+    say(f"\nfilter calls for a high-priority block pod that fits on no one GPU, in 10 s: "
+        f"{len(filters)}; nominated: {late.get('status', {}).get('nominatedNodeName')}; "
+        f"events: {messages}")  # fmt: skip
     assert not late["spec"].get("nodeName")
-    # Preemption cannot free blocks: the pod is not nominated for a node and no preemption
-    # attempt fails for want of victims.
     assert not late.get("status", {}).get("nominatedNodeName")
     assert not any("victim" in m and "expected" in m for m in messages), messages
     # Room freed by a finished pod is taken as soon as it is there.
@@ -95,8 +140,9 @@ def test_a_burst_of_pods_binds_without_a_refusal(
         name = f"burst-{i}"
         cluster.kubelet.add_node(name, gpus=BURST_GPUS, taints=[taint],
                                  labels={"accelerator": "nvidia-tesla", "e2e/pool": "burst"})  # fmt: skip
+        args = ["--load-pct", "0", "--model", "NVIDIA L4", *device_plugin(cluster, name)]
         agent = Agent(cluster.cp, name, BURST_GPUS, urls, seed=100 + i, interval_s=2.0,
-                      extra_args=["--load-pct", "0", "--model", "NVIDIA L4"])  # fmt: skip
+                      extra_args=args)  # fmt: skip
         agent.start()
         agents.append(agent)
 

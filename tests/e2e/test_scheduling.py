@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.conftest import Cluster, until
+from tests.e2e.conftest import Cluster, device_plugin, until
 from tests.e2e.edgegpu import Agent, EdgegpuScheduler
 
 COOL = {"gpu-a", "gpu-b", "gpu-c"}
@@ -65,8 +65,10 @@ def test_hot_and_unhealthy_gpus_are_avoided_with_our_reasons_in_events(
     # Without gpu-c (cordoned by the test), nothing in rack-b can take it.
     cluster.cp.kubectl("cordon", "gpu-c")
     try:
+        # A whole-GPU pod: xid-0's device plugin has marked its blocks unhealthy, so for a
+        # block pod kube-scheduler's own count would turn xid-0 away before the extender.
         cluster.create(
-            cluster.pod("nowhere", ns, blocks=1, node_selector={"edgegpu.io/rack": "rack-b"})
+            cluster.pod("nowhere", ns, gpus=1, node_selector={"edgegpu.io/rack": "rack-b"})
         )
 
         def reasons() -> str:
@@ -115,8 +117,9 @@ def test_a_silent_node_is_stale_for_training_pods_until_its_agent_is_back(
             )
 
         until("gpu-c stale on every replica (3 report intervals)", silent)
-        # rack-b: gpu-c (now silent), hot-0 (hot), xid-0 (unhealthy).
-        cluster.create(cluster.pod("trainer", ns, blocks=1, qos="training",
+        # rack-b: gpu-c (now silent), hot-0 (hot), xid-0 (unhealthy). A whole-GPU pod: with
+        # its agent gpu-c's device plugin went too, and with it the blocks it advertised.
+        cluster.create(cluster.pod("trainer", ns, gpus=1, qos="training",
                                    node_selector={"edgegpu.io/rack": "rack-b"}))  # fmt: skip
 
         def stale() -> str:
@@ -137,7 +140,8 @@ def test_a_gpu_that_was_hot_stays_out_while_it_cools_down(cluster: Cluster, ns: 
     hot = cluster.agents["hot-0"]
     hot.stop()
     cooler = Agent(cluster.cp, "hot-0", 1, hot.extender_urls, seed=hot.seed,
-                   interval_s=hot.interval_s, extra_args=["--load-pct", "0"])  # fmt: skip
+                   interval_s=hot.interval_s,
+                   extra_args=["--load-pct", "0", *device_plugin(cluster, "hot-0")])  # fmt: skip
     cooler.start()
     cluster.agents["hot-0"] = cooler
 

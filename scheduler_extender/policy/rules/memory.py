@@ -69,9 +69,13 @@ def free_blocks(
 
     free = capacity − allocated − ceil(unaccounted used / blockMiB), at least 0, where
     *allocated* are blocks given at bind (whether or not telemetry shows them yet) and
-    *unaccounted used* is memory in use by anything that is not an assigned pod.
+    *unaccounted used* is memory in use by anything that is not an assigned pod. Up to
+    ``idleUsedMiB`` of it (the driver's own) costs no block, so an idle GPU has as many blocks
+    free as the device plugin advertises for it, and kube-scheduler's count agrees.
     """
-    used = np.ceil(np.fmax(unaccounted_used_mib, 0.0) / args.block_mib)
+    unaccounted = np.fmax(unaccounted_used_mib, 0.0)
+    foreign = np.where(unaccounted > args.idle_used_mib, unaccounted, 0.0)
+    used = np.ceil(foreign / args.block_mib)
     free = capacity_blocks(memory_total_mib, args) - allocated_blocks - used.astype(np.int64)
     out: IntArray = np.maximum(free, 0)
     return out

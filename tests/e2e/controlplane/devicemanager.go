@@ -11,6 +11,7 @@ package main
 //
 //	{"allocate": {"resource": "edgegpu.io/gpu-mem-block", "size": 1, "pod": "ns/name",
 //	              "container": "app"}}
+//	{"release": {"pod": "ns/name"}}   (the pod is gone: kubelet frees its devices)
 //	{"restart": true}   (what a kubelet restart does: every socket in <dir> goes, then back)
 
 import (
@@ -99,6 +100,21 @@ func (m *manager) watch(resource string, p *plugin) {
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
+			// As kubelet (PluginDisconnected): the resource's devices turn unhealthy at once,
+			// unless the plugin has registered again meanwhile.
+			m.mu.Lock()
+			current := m.plugins[resource] == p
+			var list []map[string]string
+			if current {
+				for id := range p.devices {
+					p.devices[id] = pluginapi.Unhealthy
+					list = append(list, map[string]string{"id": id, "health": pluginapi.Unhealthy})
+				}
+			}
+			m.mu.Unlock()
+			if current {
+				m.emit(map[string]any{"event": "devices", "resource": resource, "devices": list})
+			}
 			m.emit(map[string]any{"event": "disconnected", "resource": resource, "error": err.Error()})
 			return
 		}
@@ -210,6 +226,25 @@ func (m *manager) allocate(resource string, size int, pod, container string) map
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
 }
 
+// release frees the devices of a pod that is gone, as kubelet does once its containers ended.
+func (m *manager) release(pod string) map[string]any {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	freed := 0
+	for _, byResource := range m.given[pod] {
+		for resource, ids := range byResource {
+			if p := m.plugins[resource]; p != nil {
+				for _, id := range ids {
+					delete(p.allocated, id)
+					freed++
+				}
+			}
+		}
+	}
+	delete(m.given, pod)
+	return map[string]any{"event": "released", "pod": pod, "devices": freed}
+}
+
 func (m *manager) serve() error {
 	sock := filepath.Join(m.dir, "kubelet.sock")
 	_ = os.Remove(sock)
@@ -268,6 +303,9 @@ func runDeviceManager(args []string) int {
 				Pod       string `json:"pod"`
 				Container string `json:"container"`
 			} `json:"allocate"`
+			Release *struct {
+				Pod string `json:"pod"`
+			} `json:"release"`
 			Restart bool `json:"restart"`
 		}
 		if err := json.Unmarshal(in.Bytes(), &cmd); err != nil {
@@ -277,6 +315,8 @@ func runDeviceManager(args []string) int {
 		switch {
 		case cmd.Allocate != nil:
 			m.emit(m.allocate(cmd.Allocate.Resource, cmd.Allocate.Size, cmd.Allocate.Pod, cmd.Allocate.Container))
+		case cmd.Release != nil:
+			m.emit(m.release(cmd.Release.Pod))
 		case cmd.Restart:
 			if err := m.restart(); err != nil {
 				m.emit(map[string]any{"event": "error", "error": err.Error()})

@@ -66,7 +66,9 @@ def test_a_gpu_is_active_when_loaded_above_threshold_or_holding_work():
     [
         pytest.param(16384.0, 0.0, 0, 4, id="an empty 16 GiB gpu has four 4 GiB blocks"),
         pytest.param(15360.0, 0.0, 0, 3, id="a T4's 15 GiB holds three whole blocks"),
-        pytest.param(16384.0, 100.0, 0, 3, id="any foreign memory use takes a whole block"),
+        pytest.param(16384.0, 300.0, 0, 4, id="the driver's own memory takes no block"),
+        pytest.param(16384.0, 513.0, 0, 3, id="foreign use past idleUsedMiB takes a whole block"),
+        pytest.param(16384.0, 4300.0, 0, 2, id="and as many blocks as it covers, rounded up"),
         pytest.param(
             16384.0, 0.0, 3, 1, id="blocks assigned at bind count before telemetry shows them"
         ),
