@@ -150,6 +150,8 @@ class Agent:
         self.device_plugin: BlockPlugin | None = None
         self._blocks: dict[str, int] = {}
         """By GPU uuid: its block count when last read (kept while the GPU is lost)."""
+        self._lend: dict[str, int] = {}
+        """Idle blocks each GPU lends to best-effort pods, as the extenders last said."""
         self._uuid_at: dict[int, str] = {}
         """By index: the uuid last read there (a lost GPU reads under a placeholder)."""
         self.self_test: dict[str, str] | None = None
@@ -359,6 +361,8 @@ class Agent:
             outcome = await self.pusher.push(report.to_json_bytes())
             for url, result in outcome.results.items():
                 self.metrics.pushes.labels(url, result).inc()
+            # Lent blocks only while an extender answers (it alone can take them back).
+            self._lend = outcome.lend
             if any(r in ("ok", "ignored") for r in outcome.results.values()):
                 self._boost = outcome.performance_gpus
                 if outcome.max_temp_c is not None:
@@ -389,7 +393,8 @@ class Agent:
                     self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
             h = healths.get(r.index)
             healthy = not r.lost and (h is None or h.level != "unhealthy")
-            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy))
+            lent = self._lend.get(uuid, 0) if healthy else 0
+            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy, lent))
         return out
 
     # -- the extender's policy and requests ----------------------------------------------------

@@ -46,6 +46,8 @@ class _Target:
     """The remediation requests of its last answer: ``self_test`` / ``reboot`` → id."""
     policy: dict[str, float | bool] | None = None
     """The policy its last answer said the agent's local protection should follow."""
+    lend: dict[str, int] = field(default_factory=dict)
+    """Idle blocks its last answer said each GPU lends (GPU uuid → blocks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class PushOutcome:
     policy: dict[str, float | bool] | None = None
     """The policy in force as an extender answered it (``max_temp_c``, ``cool_down_s``,
     ``power_saving``, ``power_saving_threshold_pct``; each only when valid)."""
+    lend: dict[str, int] = field(default_factory=dict)
+    """Idle blocks lent per GPU uuid: the least any answering extender said (none: none)."""
 
 
 class Pusher:
@@ -184,6 +188,7 @@ class Pusher:
         if isinstance(max_temp, int | float) and not isinstance(max_temp, bool):
             target.max_temp_c = float(max_temp)
         target.policy = _policy(payload.get("policy") if isinstance(payload, dict) else None)
+        target.lend = _lend(payload.get("lend_blocks") if isinstance(payload, dict) else None)
         target.asks = {}
         for ask in ("self_test", "reboot"):
             request = payload.get(ask) if isinstance(payload, dict) else None
@@ -253,16 +258,21 @@ class Pusher:
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
         asks: dict[str, str] = {}
         policy = None
+        lends: list[dict[str, int]] = []
         for t, (result, _) in zip(targets, done, strict=True):
             if result in ("ok", "ignored"):
                 asks.update(t.asks)
                 policy = policy or t.policy
+                lends.append(t.lend)
+        # A replica behind on a pod's use may still lend what another already took back.
+        lend = {u: min(d.get(u, 0) for d in lends) for u in lends[0]} if lends else {}
         return PushOutcome(
             {t.base: r for t, (r, _) in zip(targets, done, strict=True)},
             boost,
             min(told) if told else None,
             asks,
             policy,
+            {u: n for u, n in lend.items() if n > 0},
         )
 
 
@@ -272,6 +282,21 @@ _POLICY_RANGES = {
     "cool_down_s": (0.0, 86_400.0),
     "power_saving_threshold_pct": (0.0, 100.0),
 }
+
+
+MAX_LENT_BLOCKS = 1024
+"""Blocks one GPU may lend at most, as the agent reads an answer (a bad one costs nothing)."""
+
+
+def _lend(doc: object) -> dict[str, int]:
+    """The valid entries of an answer's ``lend_blocks`` (GPU uuid → blocks)."""
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        str(uuid)[:128]: n
+        for uuid, n in doc.items()
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_LENT_BLOCKS
+    }
 
 
 def _policy(doc: object) -> dict[str, float | bool] | None:

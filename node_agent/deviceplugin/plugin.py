@@ -47,6 +47,8 @@ class GpuBlocks:
     uuid: str
     blocks: int
     healthy: bool
+    lent: int = 0
+    """Idle blocks of its pods the extender lets best-effort pods borrow, advertised besides."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,11 @@ Lookup = Callable[[], Awaitable[list[Assigned] | None]]
 def device_id(uuid: str, k: int) -> str:
     """The device kubelet sees for block ``k`` of a GPU."""
     return f"{uuid}::{k}"
+
+
+def lent_device_id(uuid: str, k: int) -> str:
+    """The device kubelet sees for the ``k``-th idle block a GPU lends."""
+    return f"{uuid}::lent-{k}"
 
 
 def gpu_of(device: str) -> str:
@@ -140,12 +147,15 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             self._changed.notify_all()
 
     def devices(self) -> list[api_pb2.Device]:
-        """Every block of every GPU, with its GPU's health."""
-        return [
-            api_pb2.Device(ID=device_id(g.uuid, k), health=HEALTHY if g.healthy else UNHEALTHY)
-            for g in self._gpus
-            for k in range(g.blocks)
-        ]
+        """Every block of every GPU, with its GPU's health, and the idle blocks it lends."""
+        out = []
+        for g in self._gpus:
+            health = HEALTHY if g.healthy else UNHEALTHY
+            out += [api_pb2.Device(ID=device_id(g.uuid, k), health=health) for k in range(g.blocks)]
+            out += [
+                api_pb2.Device(ID=lent_device_id(g.uuid, k), health=health) for k in range(g.lent)
+            ]
+        return out
 
     # -- the service ------------------------------------------------------------------------
     async def GetDevicePluginOptions(

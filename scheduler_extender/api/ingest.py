@@ -129,7 +129,9 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
 
     ``max_temp_c`` tells the agent from which temperature to count its GPUs' ``hot_s_ago``;
     ``policy`` is what the agent's local protection follows (so a policy change reaches it);
-    ``self_test`` / ``reboot`` (with an id) are the fault loop's requests of it.
+    ``self_test`` / ``reboot`` (with an id) are the fault loop's requests of it;
+    ``lend_blocks`` (GPU uuid → blocks) the idle blocks its device plugin advertises besides
+    each GPU's own (``memory.idleRelease``).
     """
     (ctx.metrics.pushes_accepted if result.accepted else ctx.metrics.pushes_ignored).inc()
     # GPUs holding high-QoS pods: the agent keeps them out of power saving.
@@ -143,7 +145,8 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
         spec.memory.block_mib,
     )
     asks = ctx.remediator.requests(node) if ctx.remediator is not None else {}
-    if result.accepted and not performance and not result.reason and not asks:
+    lend = ctx.state.lent_blocks(node)
+    if result.accepted and not performance and not result.reason and not asks and not lend:
         return 200, _usual_answer(policy)  # the usual answer, kept ready
     payload: dict[str, Any] = {
         "accepted": result.accepted,
@@ -151,6 +154,8 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
         **_policy_fields(policy),
         **asks,
     }
+    if lend:
+        payload["lend_blocks"] = lend
     if result.reason:
         payload["reason"] = result.reason
     return 200, orjson.dumps(payload)

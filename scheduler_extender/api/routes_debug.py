@@ -95,6 +95,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                 "memory_used_mib": gpu.memory_used_mib,
                 "free_blocks": int(free[i]),
                 "allocated_blocks": int(batch.allocated_blocks[0, i]),
+                "lent_blocks": int(batch.lent_blocks[0, i]),
                 "held_whole": bool(batch.whole_taken[0, i]),
                 "hot": until == float("inf"),
                 "cool_down_until": _iso(until + wall_offset)

@@ -39,6 +39,8 @@ class NodeBatch:
     """Thermal hysteresis: +inf while hot, the end of the cool-down after, -inf if never hot."""
     allocated_blocks: IntArray
     """Blocks given to pods at bind, seen in telemetry or not."""
+    lent_blocks: IntArray
+    """Idle blocks of the GPU's pods that best-effort pods may borrow (``memory.idleRelease``)."""
     whole_taken: BoolArray
     """A pod holds the GPU as a whole (nvidia.com/gpu or realtime)."""
     rack: IntArray

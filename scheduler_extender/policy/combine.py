@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_extender.domain import Health, PodDemand
+from scheduler_extender.domain import Health, PodDemand, QosClass
 from scheduler_extender.policy.base import MAX_SCORE, Reason
 from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.document import Policy
@@ -78,6 +78,9 @@ class GpuFacts:
     """Blocks each GPU has in all."""
     open_free: IntArray
     """Free blocks a shared pod could take; -1 where a pod holds the GPU as a whole."""
+    lendable: IntArray
+    """Blocks a best-effort pod may borrow besides ``open_free``: idle blocks of the GPU's
+    pods not borrowed yet (``memory.idleRelease``); 0 where none."""
     idle: BoolArray
     """A GPU is in the slot and free as a whole."""
     terms: FloatArray
@@ -111,6 +114,16 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     free = memory.free_blocks(
         total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
     )
+    lendable = np.zeros_like(free)
+    if spec.lends_idle_blocks:
+        borrow = memory.room_blocks(
+            total_mib,
+            batch.unaccounted_used_mib,
+            batch.allocated_blocks,
+            spec.memory,
+            batch.lent_blocks,
+        )
+        lendable = np.where(batch.whole_taken, 0, np.maximum(borrow, 0) - free)
     healthy = batch.present & (batch.health != _UNHEALTHY)
     idle = memory.is_idle(
         batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
@@ -132,6 +145,7 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
         excluded_until=batch.excluded_until,
         capacity=capacity,
         open_free=np.where(batch.whole_taken, -1, free),
+        lendable=lendable,
         idle=idle & batch.present,
         terms=terms,
         host=fragmentation.HostRoom(batch.host_cpu_free, batch.host_memory_free),
@@ -196,7 +210,10 @@ def gpu_verdict(
         too_small = Reason.TOO_FEW_GPUS if demand.whole_gpus else Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_GPUS
     else:
-        fits_now = facts.open_free >= demand.mem_blocks
+        room = facts.open_free
+        if demand.qos is QosClass.BEST_EFFORT:
+            room = room + facts.lendable  # idle blocks of other pods, lent (0 unless on)
+        fits_now = room >= demand.mem_blocks
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
     cool = now >= facts.excluded_until

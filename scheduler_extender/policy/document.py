@@ -94,6 +94,15 @@ class PolicySpec(ArgsModel):
         description="Extended resources that ask for whole GPUs (each vendor's device plugin's).",
     )
 
+    @property
+    def lends_idle_blocks(self) -> bool:
+        """Whether idle blocks are lent.
+
+        ``memory.idleRelease`` on, and remediation on to take them back: never one without the
+        other.
+        """
+        return self.memory.idle_release.enabled and self.remediation.enabled
+
 
 class PolicyMetadata(BaseModel):
     """``metadata``: only the name matters; the rest of a custom resource's metadata is kept."""

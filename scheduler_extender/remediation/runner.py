@@ -98,6 +98,8 @@ class Remediator:
         self._dry_run: bool | None = None
         self._over: dict[str, float] = {}
         """Pods over their memory blocks: uid → since when (monotonic)."""
+        self._reclaimed: set[str] = set()
+        """Best-effort pods evicted to give lent blocks back (not evicted twice)."""
         self._blocked: dict[tuple[str, str], tuple[int, float]] = {}
         """Pods a PodDisruptionBudget kept: (refusals in a row, when to try again)."""
         self.records: dict[str, Record] = {}
@@ -217,6 +219,24 @@ class Remediator:
             ):
                 if await self._evict(pod, "over_budget", message, spec.remediation):
                     self._over[uid] = math.inf  # on its way out: not again
+
+    async def reclaim(self) -> None:
+        """Take lent blocks back: evict the best-effort pods of a GPU whose owners need them.
+
+        The latest assigned first, from the leader, at once (``memory.idleRelease``).
+        """
+        spec = self.state.policy.spec
+        due = self.state.borrowers_to_evict()
+        self._reclaimed &= {pod.pod_uid for pod, _ in due}
+        for pod, short in due:
+            if pod.pod_uid in self._reclaimed:
+                continue
+            message = (
+                f"its GPU on {pod.node} is {short} block(s) short: the owners of the idle blocks "
+                "it borrowed use them again"
+            )
+            if await self._evict(pod, "reclaim", message, spec.remediation):
+                self._reclaimed.add(pod.pod_uid)
 
     # -- the fault loop ------------------------------------------------------------------------
     def observe(self, name: str, node: JsonDict) -> Observation:
@@ -496,7 +516,7 @@ class Remediator:
 
     # -- the loop ------------------------------------------------------------------------------
     async def step(self) -> list[thermal.Eviction]:
-        """One round: thermal migration, then the fault loop.
+        """One round: thermal migration, memory budgets, lent blocks taken back, the fault loop.
 
         Nothing unless leading and enabled; the records are read back from the annotations
         whenever leadership is new.
@@ -511,6 +531,7 @@ class Remediator:
         self._blocked = {k: v for k, v in self._blocked.items() if now - v[1] < 600.0}
         due = await self.migrate()
         await self.budgets()
+        await self.reclaim()
         await self.faults_round()
         return due
 

@@ -27,6 +27,7 @@ from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.report import DIGEST_COLUMNS
+from scheduler_extender.state import lending as lending_rules
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decide import Decider
 from scheduler_extender.state.decisions import VerdictCache
@@ -63,6 +64,10 @@ class ClusterState:
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
         self._rack_free_cache: dict[bool, tuple[tuple[int, int, int], npt.NDArray[np.float64]]] = {}
         """Free room per rack, by whole-GPU or blocks, with the (writes, racks, policy) it is of."""
+        self.lending = lending_rules.Lending()
+        """Which pods stay idle, for lending their idle blocks (``memory.idleRelease``)."""
+        self._lent: dict[str, dict[str, int]] = {}
+        """node → GPU uuid → blocks lent."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -107,6 +112,8 @@ class ClusterState:
         self.store.forget(node)
         self._node_labels.pop(node, None)
         self.host.forget_node(node)
+        self.lending.forget(node)
+        self._lent.pop(node, None)
         self.table.remove(node)
 
     def set_host_allocatable(self, node: str, cpu_milli: float, memory_mib: float) -> None:
@@ -336,14 +343,18 @@ class ClusterState:
     def _write_allocations(self, node: str) -> None:
         blocks, whole, pods = self.allocations.totals(node)
         unaccounted: dict[int, float] = {}
+        owners: dict[int, list[tuple[Assignment, float]]] = {}
+        lending = self.policy.spec.lends_idle_blocks
         record = self.store.get(node)
+        uuid_at: dict[int, str] = {}
         if record is not None:
             d = record.digest
+            uuid_at = dict(zip(map(int, d.column("index")), d.uuids, strict=True))
             for index, used in zip(d.column("index"), d.column("memory_used_mib"), strict=True):
                 if math.isnan(used):
                     continue
                 i = int(index)
-                ours = pods.get(i) if d.pods else None
+                ours = pods.get(i)
                 if ours:
                     # A pod's use explains memory up to its budget: what it uses past its blocks
                     # counts against the GPU (never less than the real use).
@@ -353,11 +364,55 @@ class ClusterState:
                             by_pod[uid] = by_pod.get(uid, 0.0) + mib
                     explained = sum(min(mib, self._budget_mib(uid)) for uid, mib in by_pod.items())
                     used = max(used - explained, 0.0)
+                    if lending:
+                        found = ((self.allocations.get(uid), by_pod.get(uid, 0.0)) for uid in ours)
+                        owners[i] = [(a, mib) for a, mib in found if a is not None]
                 unaccounted[i] = used
         if record is None and not blocks and not whole and node not in self.table:
             return
-        self.table.write_allocations(node, blocks, whole, unaccounted)
+        lent = self.lending.lent(node, self.clock.monotonic(), owners, self.policy.spec.memory)
+        self._lent[node] = {uuid_at[i]: n for i, n in lent.items() if i in uuid_at}
+        if not self._lent[node]:
+            del self._lent[node]
+        self.table.write_allocations(node, blocks, whole, unaccounted, lent)
         self._write_room(node)
+
+    def lent_blocks(self, node: str) -> dict[str, int]:
+        """Blocks the node's GPUs lend to best-effort pods, by GPU uuid.
+
+        The agent's device plugin advertises them to kubelet.
+        """
+        return dict(self._lent.get(node, {}))
+
+    def borrowers_to_evict(self) -> list[tuple[Assignment, int]]:
+        """Best-effort pods to evict to give back lent blocks an owner needs again.
+
+        Each with the blocks its GPU is short; nothing unless idle blocks are lent.
+        """
+        if not self.policy.spec.lends_idle_blocks:
+            return []
+        col = self.table.column
+        args = self.policy.spec.memory
+        out: list[tuple[Assignment, int]] = []
+        for node in self.store.nodes():
+            row = self.table.row(node)
+            if row is None or not self.allocations.holds_gpus(node):
+                continue
+            room = memory.room_blocks(
+                col("memory_total_mib")[row],
+                col("unaccounted_used_mib")[row],
+                col("allocated_blocks")[row],
+                args,
+                col("lent_blocks")[row],
+            )
+            short = {i: int(-r) for i, r in enumerate(room) if r < 0}
+            if not short:
+                continue
+            on_node = self.allocations.on_node(node)
+            for i, blocks in short.items():
+                on_gpu = [a for a in on_node if i in a.gpu_indices]
+                out.extend((a, blocks) for a in lending_rules.borrowers_to_evict(on_gpu, blocks))
+        return out
 
     def _budget_mib(self, pod_uid: str) -> float:
         """GPU memory a pod was given at bind: its blocks, or all of a whole GPU."""

@@ -88,7 +88,15 @@ def distinct(rows: IntArray) -> IntArray:
     return np.unique(rows)
 
 
-_FACT_ARRAYS = ("base_reason", "healthy", "excluded_until", "capacity", "open_free", "idle")
+_FACT_ARRAYS = (
+    "base_reason",
+    "healthy",
+    "excluded_until",
+    "capacity",
+    "open_free",
+    "lendable",
+    "idle",
+)
 """The ``GpuFacts`` fields kept as they are, rows first (``terms`` and ``host`` are apart)."""
 
 

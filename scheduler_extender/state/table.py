@@ -41,6 +41,7 @@ _AS_GATHERED = (
     "present",
     "health",
     "allocated_blocks",
+    "lent_blocks",
     "whole_taken",
     "rack",
     "rdma",
@@ -92,7 +93,7 @@ class NodeTable:
             return np.zeros((rows, gpus), dtype=np.bool_)
         if name == "health":
             return np.zeros((rows, gpus), dtype=np.int8)
-        if name == "allocated_blocks":
+        if name in ("allocated_blocks", "lent_blocks"):
             return np.zeros((rows, gpus), dtype=np.int64)
         raise KeyError(name)
 
@@ -106,6 +107,7 @@ class NodeTable:
             *_GPU_BOOL,
             "health",
             "allocated_blocks",
+            "lent_blocks",
         )
 
     def _alloc(self, rows: int, gpus: int) -> None:
@@ -330,18 +332,27 @@ class NodeTable:
         self._cols["idle_gpus"][rows] = idle_gpus
 
     def write_allocations(
-        self, node: str, blocks: dict[int, int], whole: set[int], unaccounted: dict[int, float]
+        self,
+        node: str,
+        blocks: dict[int, int],
+        whole: set[int],
+        unaccounted: dict[int, float],
+        lent: dict[int, int] | None = None,
     ) -> None:
-        """Replace a node's assignment columns and the memory not explained by them."""
+        """Replace a node's assignment columns, its unexplained memory and its lent blocks."""
         if blocks or whole:
             self._ensure_gpus(max([*blocks, *whole]) + 1)
         row = self._row_for(node)
         self._touch(row)
         c = self._cols
         c["allocated_blocks"][row] = 0
+        c["lent_blocks"][row] = 0
         c["whole_taken"][row] = False
         for i, n in blocks.items():
             c["allocated_blocks"][row, i] = n
+        for i, n in (lent or {}).items():
+            if i < self._gpus:
+                c["lent_blocks"][row, i] = n
         for i in whole:
             c["whole_taken"][row, i] = True
         for i, mib in unaccounted.items():

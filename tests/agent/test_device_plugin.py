@@ -34,6 +34,8 @@ from node_agent.power import PowerArgs
 from node_agent.push import Pusher
 from scheduler_extender.api.app import create_app
 from scheduler_extender.domain import Assignment, QosClass
+from scheduler_extender.policy.document import parse_policy
+from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 
@@ -218,6 +220,48 @@ async def test_the_agent_tells_the_plugin_its_blocks_and_the_extender_its_assign
         async with httpx.AsyncClient(transport=other, base_url="http://extender") as remote:
             refused = await remote.get("/v1/nodes/n1/assignments")
             assert refused.status_code == 403  # no agent authentication: loopback only
+
+
+async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lends_them() -> None:
+    """memory.idleRelease: the push answer's ``lend_blocks`` become extra devices of that GPU
+    (``<uuid>::lent-<k>``), so kubelet's count lets best-effort borrowers in; they go when the
+    extender no longer lends them."""
+    fake = FakeClock()
+    clock = [1000.0]
+    policy = parse_policy({"spec": {"remediation": {"enabled": True},
+                                    "memory": {"idleRelease": {"enabled": True, "after": "5m"}}}})  # fmt: skip
+    app = create_app(clock=fake, policy=policy)
+    state = app.state.ctx.state
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+        pusher = Pusher(["http://extender"], client, clock=lambda: clock[0])
+        backend = SimulatedBackend(clock=lambda: clock[0], gpus=2, node="n1", load_pct=0.0,
+                                   model="Tesla T4")  # fmt: skip
+        backend.open()
+        agent = Agent(backend, node="n1", interval_s=1.0, pusher=pusher,
+                      metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
+                      power_args=PowerArgs(), clock=lambda: clock[0])  # fmt: skip
+        agent.device_plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.block_mib)
+
+        async def lent_devices() -> list[str]:
+            clock[0] += 1.0
+            fake.advance(1.0)
+            await agent.round()
+            assert agent.device_plugin is not None
+            return [d.ID for d in agent.device_plugin.devices() if "::lent-" in d.ID]
+
+        await lent_devices()
+        (uuid,) = state.gpu_uuids("n1", [1])
+        state.assign(Assignment("uid-p", "default", "p", "n1", (1,), (uuid,), 2, False,
+                                QosClass.INFERENCE, None, 5.0), authoritative=True)  # fmt: skip
+        assert await lent_devices() == []  # idle (no process), not for 5 minutes yet
+        fake.advance(300.0)
+        assert await lent_devices() == []  # the answer lends 2; the plugin hears it now
+        assert await lent_devices() == [f"{uuid}::lent-0", f"{uuid}::lent-1"]
+        assert len(agent.device_plugin.devices()) == 2 * 3 + 2
+        state.release("uid-p")
+        await lent_devices()
+        assert await lent_devices() == []
 
 
 def test_the_generated_modules_are_those_of_the_proto(tmp_path: Path) -> None:

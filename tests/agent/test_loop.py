@@ -493,3 +493,29 @@ async def test_the_agent_exports_energy_counters():
     text = _metrics_text(agent.metrics.registry)
     rows = [ln for ln in text.splitlines() if ln.startswith("edgegpu_gpu_energy_joules_total{")]
     assert len(rows) == 2 and all(float(r.rsplit(" ", 1)[1]) > 0 for r in rows)
+
+
+async def test_lent_blocks_are_the_least_any_replica_lends_and_none_without_an_answer():
+    clock = Clock()
+    answers = {
+        "a": {"accepted": True, "lend_blocks": {"GPU-1": 3, "GPU-2": 2, "GPU-3": "x", "GPU-4": -1}},
+        "b": {"accepted": True, "lend_blocks": {"GPU-1": 1, "GPU-2": 2}},
+    }
+    down: set[str] = set()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            raise httpx.ConnectError("no route to host", request=request)
+        return httpx.Response(200, json=answers[request.url.host])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        pusher = Pusher(["http://a", "http://b"], client, clock=clock, base_backoff_s=0.1)
+        out = await pusher.push(b"{}")
+        # A replica behind may still lend what the other took back: the least of the two.
+        assert out.lend == {"GPU-1": 1, "GPU-2": 2}
+        down.add("b")
+        clock.t += 1.0
+        assert (await pusher.push(b"{}")).lend == {"GPU-1": 3, "GPU-2": 2}
+        down.add("a")
+        clock.t += 1.0
+        assert (await pusher.push(b"{}")).lend == {}  # nobody to take them back: none lent

@@ -19,6 +19,23 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+class IdleReleaseArgs(ArgsModel):
+    """``spec.memory.idleRelease``: idle blocks lent to best-effort pods (ours)."""
+
+    enabled: bool = Field(
+        False,
+        description="Lend the idle blocks of pods that stay below `below` of their budget for "
+        "`after` to best-effort pods, taken back (the borrowers evicted) as soon as an owner "
+        "grows. Needs remediation.enabled (the leader takes them back).",
+    )
+    below: float = Field(
+        0.7, gt=0, le=1, description="A pod using less than this share of its blocks is idle."
+    )
+    after: Duration = Field(
+        300.0, description="How long a pod stays idle before its idle blocks are lent (5m)."
+    )
+
+
 class MemoryArgs(ArgsModel):
     """``spec.memory`` (ours)."""
 
@@ -37,7 +54,8 @@ class MemoryArgs(ArgsModel):
         512.0,
         alias="idleUsedMiB",
         ge=0,
-        description="MiB in use (driver, persistence daemon) below which a GPU counts as free.",
+        description="MiB in use (driver, persistence daemon) up to which a GPU counts as free "
+        "and loses no memory block.",
     )
     over_budget: Literal["warn", "evict"] = Field(
         "warn",
@@ -50,6 +68,11 @@ class MemoryArgs(ArgsModel):
         alias="overBudgetGrace",
         description="How long a pod may stay over its blocks before overBudget: evict acts (1m).",
     )
+    idle_release: IdleReleaseArgs = Field(
+        default_factory=IdleReleaseArgs,
+        alias="idleRelease",
+        description="Idle blocks lent to best-effort pods (off by default).",
+    )
 
 
 def capacity_blocks(memory_total_mib: FloatArray, args: MemoryArgs) -> IntArray:
@@ -59,26 +82,41 @@ def capacity_blocks(memory_total_mib: FloatArray, args: MemoryArgs) -> IntArray:
     return np.floor(total / args.block_mib).astype(np.int64)
 
 
-def free_blocks(
+def room_blocks(
     memory_total_mib: FloatArray,
     unaccounted_used_mib: FloatArray,
     allocated_blocks: IntArray,
     args: MemoryArgs,
+    lent_blocks: IntArray | int = 0,
 ) -> IntArray:
-    """Blocks still free on each GPU.
+    """Blocks left on each GPU, below zero where more are held than it has.
 
-    free = capacity − allocated − ceil(unaccounted used / blockMiB), at least 0, where
+    room = capacity − allocated − ceil(unaccounted used / blockMiB) (+ lent), where
     *allocated* are blocks given at bind (whether or not telemetry shows them yet) and
     *unaccounted used* is memory in use by anything that is not an assigned pod. Up to
     ``idleUsedMiB`` of it (the driver's own) costs no block, so an idle GPU has as many blocks
-    free as the device plugin advertises for it, and kube-scheduler's count agrees.
+    free as the device plugin advertises for it, and kube-scheduler's count agrees. With
+    ``lent_blocks`` (idle blocks of the GPU's pods), the room of a best-effort pod, which may
+    borrow them.
     """
     unaccounted = np.fmax(unaccounted_used_mib, 0.0)
     foreign = np.where(unaccounted > args.idle_used_mib, unaccounted, 0.0)
-    used = np.ceil(foreign / args.block_mib)
-    free = capacity_blocks(memory_total_mib, args) - allocated_blocks - used.astype(np.int64)
-    out: IntArray = np.maximum(free, 0)
+    used = np.ceil(foreign / args.block_mib).astype(np.int64)
+    room: IntArray = capacity_blocks(memory_total_mib, args) - allocated_blocks - used + lent_blocks
+    return room
+
+
+def free_blocks(
+    total: FloatArray, unaccounted: FloatArray, held: IntArray, args: MemoryArgs
+) -> IntArray:
+    """Blocks still free on each GPU: ``room_blocks``, at least 0."""
+    out: IntArray = np.maximum(room_blocks(total, unaccounted, held, args), 0)
     return out
+
+
+def idle_blocks(budget_mib: float, used_mib: float, block_mib: int) -> int:
+    """Whole blocks of a pod's budget its measured use leaves free (what it can lend)."""
+    return max(int((budget_mib - max(used_mib, 0.0)) // block_mib), 0)
 
 
 def is_idle(

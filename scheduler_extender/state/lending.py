@@ -1,0 +1,81 @@
+"""Idle memory blocks lent to best-effort pods (``spec.memory.idleRelease``).
+
+A pod that is not best-effort and whose measured GPU memory stays below ``below`` of its
+budget for ``after`` lends the whole blocks its use leaves free. Best-effort pods may be placed
+in them (``combine`` adds them to a best-effort pod's room); the agent's device plugin
+advertises them to kubelet, so kube-scheduler's count of the node's blocks lets the borrowers
+in. As soon as an owner's use rises again its blocks are no longer lent, and ``borrowers_to_evict``
+names the best-effort pods to evict (the leader's remediation round does it). Imports
+``domain`` and ``policy`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scheduler_extender.domain import Assignment, QosClass
+from scheduler_extender.policy.rules.memory import MemoryArgs, idle_blocks
+
+
+class Lending:
+    """Since when each pod has been idle, per node, and the blocks each GPU lends."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, dict[str, float]] = {}
+        """node → pod uid → when its use last went below the threshold (monotonic)."""
+
+    def lent(
+        self,
+        node: str,
+        now: float,
+        owners: Mapping[int, list[tuple[Assignment, float]]],
+        args: MemoryArgs,
+    ) -> dict[int, int]:
+        """Blocks lent per GPU index, from the pods on each GPU and their measured use (MiB).
+
+        ``owners`` holds every block pod on the node's GPUs with its use in the latest report
+        (0 where it has no GPU process yet). Best-effort pods lend nothing: they borrow.
+        """
+        release = args.idle_release
+        before = self._since.get(node, {})
+        since: dict[str, float] = {}
+        out: dict[int, int] = {}
+        for index, pods in owners.items():
+            for pod, used in pods:
+                if pod.whole or not pod.mem_blocks or pod.qos is QosClass.BEST_EFFORT:
+                    continue
+                budget = float(pod.mem_blocks * args.block_mib)
+                if used >= release.below * budget:
+                    continue
+                since[pod.pod_uid] = start = before.get(pod.pod_uid, now)
+                if now - start >= release.after:
+                    out[index] = out.get(index, 0) + idle_blocks(budget, used, args.block_mib)
+        if since:
+            self._since[node] = since
+        else:
+            self._since.pop(node, None)
+        return {i: n for i, n in out.items() if n > 0}
+
+    def idle_since(self, node: str) -> dict[str, float]:
+        """Pods of the node idle now, and since when."""
+        return dict(self._since.get(node, {}))
+
+    def forget(self, node: str) -> None:
+        """The node is gone."""
+        self._since.pop(node, None)
+
+
+def borrowers_to_evict(on_gpu: list[Assignment], short_blocks: int) -> list[Assignment]:
+    """The best-effort pods that give back ``short_blocks`` blocks, the latest assigned first.
+
+    All of them if they hold fewer.
+    """
+    out: list[Assignment] = []
+    left = short_blocks
+    borrowers = [a for a in on_gpu if a.qos is QosClass.BEST_EFFORT and not a.whole]
+    for pod in sorted(borrowers, key=lambda a: (-a.assigned_at, a.pod_uid)):
+        if left <= 0:
+            break
+        out.append(pod)
+        left -= pod.mem_blocks
+    return out
