@@ -80,7 +80,7 @@ bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	$(PY) -m benchmarks.openb_e2e --profiles recommended,gpupods $(BENCH_ARGS)
 
-bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation, whole GPUs vs memory blocks (benchmarks/results/sharing.json, seconds)
+bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation: whole GPUs, memory blocks, blocks with idle ones lent (benchmarks/results/sharing.json, seconds)
 	$(PY) -m benchmarks.sharing $(BENCH_ARGS)
 
 bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
