@@ -44,8 +44,8 @@ import numpy as np
 
 from benchmarks.openb.trace import load_pods, trace_path
 from scheduler_extender.api.app import create_app
-from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
 from scheduler_extender.domain import Assignment
+from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
 from scheduler_extender.remediation.runner import over_budget
 from scheduler_extender.telemetry.clock import FakeClock
 

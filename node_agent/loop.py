@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from node_agent import __version__, health, power
 from node_agent.backends.base import GpuBackend
-from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks
+from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks, device_nodes
 from node_agent.errors import NotSupported, PermissionDenied
 from node_agent.exporter import AgentMetrics
 from node_agent.model import (
@@ -152,6 +152,10 @@ class Agent:
         """By GPU uuid: its block count when last read (kept while the GPU is lost)."""
         self._lend: dict[str, int] = {}
         """Idle blocks each GPU lends to best-effort pods, as the extenders last said."""
+        self._nodes: dict[str, tuple[str, ...]] = {}
+        """By GPU uuid: an AMD or Intel GPU's device nodes, when last found."""
+        self.sys_root = Path("/sys")
+        """Where sysfs is (the device plugin finds AMD and Intel GPUs' device nodes there)."""
         self._uuid_at: dict[int, str] = {}
         """By index: the uuid last read there (a lost GPU reads under a placeholder)."""
         self.self_test: dict[str, str] | None = None
@@ -378,23 +382,27 @@ class Agent:
         return Round(report, actions, outcome)
 
     def _block_devices(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> list[GpuBlocks]:
-        """Each NVIDIA GPU's memory blocks for kubelet; a lost GPU keeps its uuid and blocks.
+        """Each GPU's memory blocks for kubelet; a lost GPU keeps its uuid and blocks.
 
-        NVIDIA only: the container gets its GPU through ``NVIDIA_VISIBLE_DEVICES``.
+        An NVIDIA GPU is given to the container by ``NVIDIA_VISIBLE_DEVICES``; an AMD or Intel
+        GPU by its device nodes, and offers no blocks while they cannot be found.
         """
         out = []
         for r in snap.readings:
-            if r.vendor not in (None, "nvidia"):
-                continue
             uuid = self._uuid_at.get(r.index, r.uuid) if r.lost else r.uuid
             if not r.lost:
                 self._uuid_at[r.index] = r.uuid
                 if r.memory_total_mib is not None:
                     self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
+                if r.vendor not in (None, "nvidia"):
+                    self._nodes[r.uuid] = device_nodes(r.vendor, r.pci_bus_id, self.sys_root)
+            nodes = self._nodes.get(uuid, ())
+            if r.vendor not in (None, "nvidia") and not nodes:
+                continue
             h = healths.get(r.index)
             healthy = not r.lost and (h is None or h.level != "unhealthy")
             lent = self._lend.get(uuid, 0) if healthy else 0
-            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy, lent))
+            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy, lent, nodes))
         return out
 
     # -- the extender's policy and requests ----------------------------------------------------

@@ -41,6 +41,8 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] = ()
     lost: bool = False
     """The GPU stopped answering; every other field is then None."""
+    pci_bus_id: str | None = None
+    """``0000:4d:00.0``: where its device nodes are found (``/sys/bus/pci/devices/<id>/drm``)."""
 
 
 @dataclass(frozen=True, slots=True)

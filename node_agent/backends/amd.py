@@ -147,6 +147,7 @@ class AmdBackend:
         ecc = self._field(smi.amdsmi_get_gpu_total_ecc_count, h) or {}
         procs = self._field(smi.amdsmi_get_gpu_process_list, h) or []
         cap = self._field(smi.amdsmi_get_power_cap_info, h) or {}
+        bdf = self._field(smi.amdsmi_get_gpu_device_bdf, h)
         watts = _number(power.get("current_socket_power"))
         if watts is None:
             watts = _number(power.get("average_socket_power"))
@@ -170,6 +171,7 @@ class AmdBackend:
             sm_clock_max_mhz=_number(clock.get("max_clk")),
             ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
             processes=tuple(p for p in (self._process(x) for x in procs) if p is not None),
+            pci_bus_id=str(bdf) if bdf else None,
         )
 
     def _process(self, proc: Any) -> GpuProcess | None:

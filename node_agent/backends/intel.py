@@ -172,6 +172,7 @@ class IntelBackend(ReadOnlyControls):
             sm_clock_mhz=_number(metrics.get("XPUM_STATS_GPU_FREQUENCY")),
             ecc_uncorrected=int(uncorrectable) if uncorrectable is not None else None,
             power_limit_w=self._limit_w.get(index),
+            pci_bus_id=str(info["pci_bdf_address"]) if info.get("pci_bdf_address") else None,
         )
 
     def node_checks(self) -> NodeChecks:

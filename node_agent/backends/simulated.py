@@ -239,6 +239,7 @@ class SimulatedBackend:
             sm_clock_max_mhz=None if unsupported else m.max_clock_mhz,
             throttle_reasons=() if unsupported else reasons,
             ecc_uncorrected=None if unsupported else gpu.ecc_uncorrected,
+            pci_bus_id=f"0000:{index + 1:02x}:00.0",
         )
 
     def node_checks(self) -> NodeChecks:

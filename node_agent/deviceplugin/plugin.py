@@ -5,7 +5,8 @@ blocks per node and admits a pod only where they are free. The extender chose on
 pod at bind; ``GetPreferredAllocation`` steers kubelet to blocks of that GPU (the pending pod on
 this node asking that many blocks, the oldest assigned first, as the extender's
 ``/v1/nodes/{node}/assignments`` lists them), and ``Allocate`` gives the container the GPU its
-blocks are on: ``NVIDIA_VISIBLE_DEVICES`` and the memory budget. A GPU the agent finds unhealthy
+blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an AMD or Intel GPU's device nodes) and the
+memory budget. A GPU the agent finds unhealthy
 has its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when it recovers, with no
 restart. When kubelet restarts it removes every plugin socket: the server notices, starts again
 and registers again.
@@ -49,6 +50,9 @@ class GpuBlocks:
     healthy: bool
     lent: int = 0
     """Idle blocks of its pods the extender lets best-effort pods borrow, advertised besides."""
+    device_nodes: tuple[str, ...] = ()
+    """An AMD or Intel GPU's device nodes, given to the container; empty for NVIDIA (the
+    container runtime reads ``NVIDIA_VISIBLE_DEVICES``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,27 @@ Lookup = Callable[[], Awaitable[list[Assigned] | None]]
 def device_id(uuid: str, k: int) -> str:
     """The device kubelet sees for block ``k`` of a GPU."""
     return f"{uuid}::{k}"
+
+
+def device_nodes(
+    vendor: str, pci_bus_id: str | None, sys_root: Path = Path("/sys")
+) -> tuple[str, ...]:
+    """The device nodes a container needs for one AMD or Intel GPU; empty when not found.
+
+    Its DRM card and render nodes, as sysfs lists them under its PCI device, and for AMD the
+    compute interface ``/dev/kfd`` that every AMD GPU shares.
+    """
+    if not pci_bus_id:
+        return ()
+    drm = sys_root / "bus" / "pci" / "devices" / pci_bus_id.lower() / "drm"
+    try:
+        names = sorted(e.name for e in drm.iterdir() if e.name.startswith(("card", "renderD")))
+    except OSError:
+        return ()
+    if not names:
+        return ()
+    nodes = tuple(f"/dev/dri/{name}" for name in names)
+    return ("/dev/kfd", *nodes) if vendor == "amd" else nodes
 
 
 def lent_device_id(uuid: str, k: int) -> str:
@@ -203,13 +228,15 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
                     f"memory blocks must be on one GPU; these are on {len(gpus)}: {gpus}",
                 )
             budget = len(req.devices_ids) * self._block_mib()
-            envs = {
-                "NVIDIA_VISIBLE_DEVICES": gpus[0],
-                "EDGEGPU_GPU_UUID": gpus[0],
-                "EDGEGPU_MEM_LIMIT_MIB": str(budget),
-            }
+            envs = {"EDGEGPU_GPU_UUID": gpus[0], "EDGEGPU_MEM_LIMIT_MIB": str(budget)}
+            nodes = next((g.device_nodes for g in self._gpus if g.uuid == gpus[0]), ())
+            if not nodes:
+                envs["NVIDIA_VISIBLE_DEVICES"] = gpus[0]
+            specs = [
+                api_pb2.DeviceSpec(container_path=n, host_path=n, permissions="rw") for n in nodes
+            ]
             log.info("allocate: %d blocks of %s (%d MiB)", len(req.devices_ids), gpus[0], budget)
-            out.append(api_pb2.ContainerAllocateResponse(envs=envs))
+            out.append(api_pb2.ContainerAllocateResponse(envs=envs, devices=specs))
         return api_pb2.AllocateResponse(container_responses=out)
 
     async def PreStartContainer(

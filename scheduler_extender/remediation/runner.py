@@ -232,8 +232,8 @@ class Remediator:
             if pod.pod_uid in self._reclaimed:
                 continue
             message = (
-                f"its GPU on {pod.node} is {short} block(s) short: the owners of the idle blocks "
-                "it borrowed use them again"
+                f"its GPU on {pod.node} is {short} block(s) short: the idle blocks it borrowed "
+                "are needed again"
             )
             if await self._evict(pod, "reclaim", message, spec.remediation):
                 self._reclaimed.add(pod.pod_uid)

@@ -28,6 +28,7 @@ def test_units_are_converted_at_the_edge_and_the_vendor_is_said() -> None:
     assert r.temperature_c == 45.0  # the edge sensor
     assert (r.power_w, r.power_limit_w) == (120.0, 300.0)  # W, and µW → W
     assert (r.memory_total_mib, r.memory_used_mib) == (65520.0, 2048.0)
+    assert r.pci_bus_id == "0000:03:00.0"  # where the device plugin finds its device nodes
     assert (r.utilization_pct, r.sm_clock_mhz, r.sm_clock_max_mhz) == (37.0, 1500.0, 1700.0)
     assert r.ecc_uncorrected == 0 and not r.lost
 

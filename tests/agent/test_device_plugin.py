@@ -24,6 +24,7 @@ from node_agent.deviceplugin.plugin import (
     BlockPlugin,
     DevicePluginServer,
     GpuBlocks,
+    gpu_of,
     preferred,
 )
 from node_agent.deviceplugin.podresources import holders
@@ -282,7 +283,7 @@ def test_the_generated_modules_are_those_of_the_proto(tmp_path: Path) -> None:
         assert fresh == (root / "node_agent" / "deviceplugin" / name).read_text(), name
 
 
-async def test_a_lost_nvidia_gpu_keeps_its_blocks_unhealthy_and_other_vendors_have_none(
+async def test_a_lost_nvidia_gpu_keeps_its_blocks_unhealthy(
     tmp_path: Path,
 ) -> None:
     from node_agent.backends.nvml import NvmlBackend
@@ -304,13 +305,42 @@ async def test_a_lost_nvidia_gpu_keeps_its_blocks_unhealthy_and_other_vendors_ha
     assert set(after) == {i for i, _ in before}  # the same devices: none vanished
     assert {h for i, h in after.items() if i.startswith("GPU-b::")} == {"Unhealthy"}
     assert {h for i, h in after.items() if i.startswith("GPU-a::")} == {"Healthy"}
-    amd = SimulatedBackend(clock=lambda: 0.0, gpus=1, node="n2", model="AMD Instinct MI210")
-    amd.open()
-    other = Agent(amd, node="n2", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n2"),
+
+
+@pytest.mark.parametrize(
+    ("model", "nodes"),
+    [
+        ("AMD Instinct MI210", ["/dev/kfd", "/dev/dri/card1", "/dev/dri/renderD128"]),
+        ("Intel Data Center GPU Flex 170", ["/dev/dri/card1", "/dev/dri/renderD128"]),
+    ],
+)
+async def test_amd_and_intel_gpus_give_the_container_their_device_nodes(
+    tmp_path: Path, model: str, nodes: list[str]
+) -> None:
+    backend = SimulatedBackend(clock=lambda: 0.0, gpus=2, node="n2", model=model, load_pct=0.0)
+    backend.open()
+    agent = Agent(backend, node="n2", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n2"),
                   health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
-    other.device_plugin = BlockPlugin(_nothing, lambda: 4096)
-    await other.round()
-    assert other.device_plugin.devices() == []  # NVIDIA_VISIBLE_DEVICES would mean nothing there
+    agent.sys_root = tmp_path / "sys"
+    agent.device_plugin = BlockPlugin(_nothing, lambda: 4096)
+    await agent.round()
+    # Without its device nodes in sysfs a GPU offers no blocks: the container could not use it.
+    assert agent.device_plugin.devices() == []
+    drm = agent.sys_root / "bus/pci/devices/0000:01:00.0/drm"  # GPU 0's PCI address
+    for name in ("card1", "renderD128", "version"):
+        (drm / name).mkdir(parents=True)
+    await agent.round()
+    uuid = backend.read(0).uuid
+    ids = [d.ID for d in agent.device_plugin.devices()]
+    assert ids and {gpu_of(i) for i in ids} == {uuid}
+    answer = await agent.device_plugin.Allocate(
+        api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=ids[:2])]), None)  # fmt: skip
+    (resp,) = answer.container_responses
+    assert [(d.host_path, d.container_path, d.permissions) for d in resp.devices] == [
+        (n, n, "rw") for n in nodes
+    ]
+    assert dict(resp.envs) == {"EDGEGPU_GPU_UUID": uuid, "EDGEGPU_MEM_LIMIT_MIB": "8192"}
 
 
 async def test_each_container_of_a_pod_is_matched_once() -> None:

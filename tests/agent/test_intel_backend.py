@@ -81,6 +81,7 @@ def test_readings_and_units_from_the_json(tmp_path: Path) -> None:
         2050.0,
     )
     assert (r.memory_total_mib, r.memory_used_mib, r.ecc_uncorrected) == (16384.0, 2048.5, 0)
+    assert r.pci_bus_id == "0000:4d:00.0"
     assert b.node_checks().driver_ok and b.node_checks().device_nodes_ok
 
 

@@ -57,6 +57,7 @@ class FakeAmdGpu:
 
     uuid: str
     market_name: str = "AMD Instinct MI210"
+    bdf: str = "0000:03:00.0"
     edge_c: int = 45
     hotspot_c: int = 58
     socket_power_w: Any = 120
@@ -107,6 +108,9 @@ def build(gpus: list[FakeAmdGpu]) -> types.ModuleType:
 
     def amdsmi_get_gpu_device_uuid(h: int) -> str:
         return gpu(h, "uuid").uuid
+
+    def amdsmi_get_gpu_device_bdf(h: int) -> str:
+        return gpu(h, "bdf").bdf
 
     def amdsmi_get_gpu_asic_info(h: int) -> dict[str, Any]:
         g = gpu(h, "asic")
