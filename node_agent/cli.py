@@ -48,7 +48,10 @@ def command_line() -> SettingsCli[AgentSettings]:
     cli.flag("--once", action="store_true", help="one round, then exit")
     cli.flag("--print", action="store_true", dest="print_report", help="print the report JSON")
     cli.flag(
-        "--self-test", action="store_true", help="run nvidia-smi, dcgmi diag and the CUDA probe"
+        "--self-test",
+        action="store_true",
+        help="run the backend's GPU self-test (NVIDIA: nvidia-smi, dcgmi diag, a CUDA probe; "
+        "AMD: amd-smi, rvs; Intel: xpu-smi diag) and exit",
     )
     cli.flag("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     cli.flag("--version", action="version", version=f"%(prog)s {__version__}")
@@ -67,6 +70,7 @@ def _backend(settings: AgentSettings) -> GpuBackend:
             "clock": time.monotonic,
             "load_pct": settings.load_pct,
             "model": settings.model,
+            "pod_processes": settings.pod_processes,
         }
     elif settings.backend == "nvml":
         options = {

@@ -11,6 +11,9 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from node_agent.backends.simulated import SCENARIOS
+from node_agent.health import DEFAULT_FATAL_XIDS
+
 
 class AgentSettings(BaseSettings):
     """Everything the agent is configured with."""
@@ -70,17 +73,28 @@ class AgentSettings(BaseSettings):
     max_temp_c: float = Field(85.0, gt=0, le=150, description="°C: thermal protection starts here.")
     cool_down_s: float = Field(300.0, ge=0, description="Below maxTemp this long → restore limits.")
     power_saving: bool = Field(True, description="Lower clocks of idle GPUs.")
-    power_saving_threshold_pct: float = Field(70.0, ge=0, le=100)
+    power_saving_threshold_pct: float = Field(
+        70.0, ge=0, le=100, description="% utilisation below which a GPU counts as idle."
+    )
     power_saving_window_s: float = Field(60.0, ge=0, description="Idle this long → save power.")
     saving_clock_mhz: float = Field(800.0, gt=0, description="SM clock while saving (seed: 800).")
-    fatal_xids: list[int] = Field(default_factory=list, description="Replace the fatal XID list.")
+    fatal_xids: list[int] = Field(
+        default_factory=list,
+        description="Replace the fatal XID list "
+        f"(default {','.join(map(str, sorted(DEFAULT_FATAL_XIDS)))}).",
+    )
     # Simulated backend.
     gpus: int = Field(4, ge=1, le=64, description="Simulated GPUs.")
     seed: int = Field(0, description="Simulation seed.")
-    scenario: str = Field("steady", description="Simulation scenario.")
+    scenario: str = Field("steady", description=f"Simulation scenario: {', '.join(SCENARIOS)}.")
     scenario_after_s: float = Field(20.0, ge=0, description="When the scenario's fault starts.")
     load_pct: float | None = Field(None, ge=0, le=100, description="Fixed simulated load.")
     model: str | None = Field(None, description="Simulated GPU model.")
+    pod_processes: Path | None = Field(
+        None,
+        description="Simulated pods' GPU processes: a JSON file, GPU index → "
+        '[{"pod_uid", "used_mib"}], read at every sample.',
+    )
     # NVML backend.
     proc_root: Path = Field(Path("/proc"), description="Host /proc (hostPID) for pod mapping.")
     dev_root: Path = Field(Path("/dev"), description="Where the /dev/nvidia* nodes are.")

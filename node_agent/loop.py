@@ -365,8 +365,11 @@ class Agent:
             outcome = await self.pusher.push(report.to_json_bytes())
             for url, result in outcome.results.items():
                 self.metrics.pushes.labels(url, result).inc()
-            # Lent blocks only while an extender answers (it alone can take them back).
-            self._lend = outcome.lend
+            # Lent blocks only while an extender answers (it alone can take them back); kubelet
+            # hears of a change at once, not a round later.
+            lend_changed, self._lend = outcome.lend != self._lend, outcome.lend
+            if lend_changed and self.device_plugin is not None:
+                await self.device_plugin.update(self._block_devices(snap, healths))
             if any(r in ("ok", "ignored") for r in outcome.results.values()):
                 self._boost = outcome.performance_gpus
                 if outcome.max_temp_c is not None:
@@ -396,13 +399,13 @@ class Agent:
                     self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
                 if r.vendor not in (None, "nvidia"):
                     self._nodes[r.uuid] = device_nodes(r.vendor, r.pci_bus_id, self.sys_root)
-            nodes = self._nodes.get(uuid, ())
-            if r.vendor not in (None, "nvidia") and not nodes:
+            nodes = self._nodes.get(uuid)
+            if nodes == ():  # an AMD or Intel GPU whose device nodes were not found
                 continue
             h = healths.get(r.index)
             healthy = not r.lost and (h is None or h.level != "unhealthy")
             lent = self._lend.get(uuid, 0) if healthy else 0
-            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy, lent, nodes))
+            out.append(GpuBlocks(uuid, self._blocks.get(uuid, 0), healthy, lent, nodes or ()))
         return out
 
     # -- the extender's policy and requests ----------------------------------------------------

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.check_policy:
         print(f"policy {policy.metadata.name!r} is valid")
+        for note in policy.spec.notes():
+            print(f"  note: {note}")
         return 0
 
     import uvicorn

@@ -116,7 +116,8 @@ class ExtenderMetrics:
         self.remediation = Counter(
             "edgegpu_extender_remediation_actions_total",
             "Actions of the remediation loop, by action (evict, cordon, self-test, reboot, "
-            "uncordon, release, needs-human), reason (thermal, gpu_fault) and result (evicted, "
+            "uncordon, release, needs-human), reason (thermal, gpu_fault, over_budget, reclaim: "
+            "lent memory blocks taken back) and result (evicted, "
             "done, dry_run, blocked by a PodDisruptionBudget, rate_limited, gone, failed).",
             ["action", "reason", "result"],
             registry=registry,

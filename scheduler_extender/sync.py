@@ -307,6 +307,8 @@ class ClusterSync:
         self._write_status(True, "Valid", "in force", generation)
 
     def _apply_policy(self, policy: Policy, source: str) -> None:
+        for note in policy.spec.notes():
+            log.warning("policy %s: %s", source, note)
         self.state.set_policy(policy)
         if self._on_policy is not None:
             self._on_policy(policy, source)

@@ -50,6 +50,7 @@ def node_batches(draw: st.DrawFn, max_nodes: int = 12, max_gpus: int = 4) -> Nod
         excluded_until=grid(st.sampled_from([-np.inf, np.inf, 990.0, 1010.0]), np.float64),
         allocated_blocks=grid(st.integers(0, 6), np.int64),
         lent_blocks=grid(st.integers(0, 2), np.int64),
+        borrowed_blocks=grid(st.integers(0, 1), np.int64),
         whole_taken=grid(st.booleans(), np.bool_),
         rack=line(st.integers(-1, 2), np.int64),
         rdma=line(st.booleans(), np.bool_),

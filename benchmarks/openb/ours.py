@@ -88,6 +88,7 @@ def node_batch(cluster: Cluster, rows: IntArray) -> NodeBatch:
         excluded_until=np.full(full, -np.inf),
         allocated_blocks=np.where(present, MILLI - free, 0).astype(np.int64),
         lent_blocks=np.zeros(full, dtype=np.int64),
+        borrowed_blocks=np.zeros(full, dtype=np.int64),
         whole_taken=np.zeros(full, dtype=np.bool_),
         rack=np.full(n, -1, dtype=np.int64),
         rdma=np.zeros(n, dtype=np.bool_),

@@ -8,16 +8,28 @@ on cue. Used by ``make run``, the tests and the benchmarks. Imports ``model`` an
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from node_agent.errors import BackendUnavailable, NotSupported
-from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.model import (
+    Capabilities,
+    GpuProcess,
+    GpuReading,
+    NodeChecks,
+    PowerLimits,
+    XidEvent,
+)
 from node_agent.selftest import Check, verdict_of
+
+log = logging.getLogger("node_agent.simulated")
 
 SCENARIOS: Final = (
     "steady",
@@ -99,6 +111,7 @@ class SimulatedBackend:
         clock: Callable[[], float],
         load_pct: float | None = None,
         model: str | None = None,
+        pod_processes: Path | None = None,
     ) -> None:
         if scenario not in SCENARIOS:
             raise BackendUnavailable(
@@ -114,6 +127,8 @@ class SimulatedBackend:
         digest = hashlib.sha256(f"{seed}:{node}".encode()).digest()
         self._seed = int.from_bytes(digest[:8], "big")
         self._load_pct = load_pct
+        self._pod_processes = pod_processes
+        self._bad_processes_file = False
         names = [m.name for m in (*MODELS, *OTHER_MODELS)]
         if model is not None and model not in names:
             raise BackendUnavailable(
@@ -222,7 +237,9 @@ class SimulatedBackend:
             gpu.ecc_uncorrected = max(gpu.ecc_uncorrected, 2)
         m = gpu.model
         # Memory follows the work's size (its base load), not the moment's utilisation noise.
+        procs = self._processes(index)
         used = 300.0 + (gpu.base_util_pct / 100.0) * 0.6 * m.memory_mib
+        used += sum(p.used_mib or 0.0 for p in procs)
         unsupported = self.scenario == "unsupported-fields"
         return GpuReading(
             index=index,
@@ -240,7 +257,36 @@ class SimulatedBackend:
             throttle_reasons=() if unsupported else reasons,
             ecc_uncorrected=None if unsupported else gpu.ecc_uncorrected,
             pci_bus_id=f"0000:{index + 1:02x}:00.0",
+            processes=procs,
         )
+
+    def _processes(self, index: int) -> tuple[GpuProcess, ...]:
+        """Pods' GPU processes from the ``pod_processes`` file, read at every sample.
+
+        JSON: GPU index → list of ``{"pod_uid", "used_mib", "container"}``. A missing or bad
+        file means none (said once).
+        """
+        if self._pod_processes is None:
+            return ()
+        try:
+            doc = json.loads(self._pod_processes.read_text())
+            entries = doc.get(str(index), []) if isinstance(doc, dict) else []
+            out = tuple(
+                GpuProcess(
+                    pid=10_000 + 100 * index + k,
+                    used_mib=float(e["used_mib"]),
+                    pod_uid=str(e["pod_uid"]),
+                    container=str(e.get("container", "app")),
+                )
+                for k, e in enumerate(entries)
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            if not self._bad_processes_file:
+                log.warning("simulated pod processes from %s: %s", self._pod_processes, exc)
+                self._bad_processes_file = True
+            return ()
+        self._bad_processes_file = False
+        return out
 
     def node_checks(self) -> NodeChecks:
         """The simulated driver is always there."""
@@ -255,10 +301,15 @@ class SimulatedBackend:
 
     # -- control ----------------------------------------------------------------------------
     def capabilities(self, index: int) -> Capabilities:
-        """Everything but processes, except in the ``unsupported-fields`` scenario."""
+        """Everything (processes with a pod processes file), but in ``unsupported-fields``."""
         if self.scenario == "unsupported-fields":
             return Capabilities(xid_events=True)
-        return Capabilities(power_limit=True, locked_clocks=True, xid_events=True)
+        return Capabilities(
+            power_limit=True,
+            locked_clocks=True,
+            xid_events=True,
+            processes=self._pod_processes is not None,
+        )
 
     def power_limits(self, index: int) -> PowerLimits | None:
         """The model's range: min limit .. TDP."""

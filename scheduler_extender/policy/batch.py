@@ -41,6 +41,8 @@ class NodeBatch:
     """Blocks given to pods at bind, seen in telemetry or not."""
     lent_blocks: IntArray
     """Idle blocks of the GPU's pods that best-effort pods may borrow (``memory.idleRelease``)."""
+    borrowed_blocks: IntArray
+    """Of ``allocated_blocks``, those best-effort pods hold in lent blocks (at most lent)."""
     whole_taken: BoolArray
     """A pod holds the GPU as a whole (nvidia.com/gpu or realtime)."""
     rack: IntArray

@@ -111,9 +111,9 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     spec = policy.spec
     total_mib = batch.readings["memory_total_mib"]
     capacity = memory.capacity_blocks(total_mib, spec.memory)
-    free = memory.free_blocks(
-        total_mib, batch.unaccounted_used_mib, batch.allocated_blocks, spec.memory
-    )
+    # Blocks best-effort pods hold in lent blocks are not taken from the GPU's own room.
+    held = batch.allocated_blocks - batch.borrowed_blocks
+    free = memory.free_blocks(total_mib, batch.unaccounted_used_mib, held, spec.memory)
     lendable = np.zeros_like(free)
     if spec.lends_idle_blocks:
         borrow = memory.room_blocks(
@@ -123,7 +123,7 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
             spec.memory,
             batch.lent_blocks,
         )
-        lendable = np.where(batch.whole_taken, 0, np.maximum(borrow, 0) - free)
+        lendable = np.where(batch.whole_taken, 0, np.maximum(np.maximum(borrow, 0) - free, 0))
     healthy = batch.present & (batch.health != _UNHEALTHY)
     idle = memory.is_idle(
         batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
@@ -210,10 +210,14 @@ def gpu_verdict(
         too_small = Reason.TOO_FEW_GPUS if demand.whole_gpus else Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_GPUS
     else:
-        room = facts.open_free
-        if demand.qos is QosClass.BEST_EFFORT:
-            room = room + facts.lendable  # idle blocks of other pods, lent (0 unless on)
-        fits_now = room >= demand.mem_blocks
+        fits_now = facts.open_free >= demand.mem_blocks
+        if demand.qos is QosClass.BEST_EFFORT and facts.lendable.any():
+            # Idle blocks of other pods, lent; a GPU's own room first, since lent blocks are
+            # taken back: a node with enough GPUs of that offers only those.
+            own = fits_now
+            fits_now = facts.open_free + facts.lendable >= demand.mem_blocks
+            enough = (own & facts.healthy & (now >= facts.excluded_until)).sum(axis=1) >= need
+            fits_now = np.where(enough[:, None], own, fits_now)
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
     cool = now >= facts.excluded_until
@@ -286,7 +290,9 @@ def _fit(
             facts.room, facts.idle, facts.capacity, usable, demand, mix, args, facts.host
         )
     request = 0 if demand.needs_whole_gpu else demand.mem_blocks
-    return memory.fit_score(facts.room, facts.capacity, request, demand.qos.packs)
+    fit = memory.fit_score(facts.room, facts.capacity, request, demand.qos.packs)
+    # A best-effort pod that would have to borrow lent blocks fits worst.
+    return np.where(facts.room >= request, fit, 0.0)
 
 
 def host_verdict(

@@ -98,10 +98,21 @@ class PolicySpec(ArgsModel):
     def lends_idle_blocks(self) -> bool:
         """Whether idle blocks are lent.
 
-        ``memory.idleRelease`` on, and remediation on to take them back: never one without the
-        other.
+        ``memory.idleRelease`` on, and remediation on and not a dry run, to take them back:
+        never one without the other.
         """
-        return self.memory.idle_release.enabled and self.remediation.enabled
+        r = self.remediation
+        return self.memory.idle_release.enabled and r.enabled and not r.dry_run
+
+    def notes(self) -> list[str]:
+        """Settings that are valid but have no effect as set (said, never refused)."""
+        out = []
+        if self.memory.idle_release.enabled and not self.lends_idle_blocks:
+            out.append(
+                "memory.idleRelease has no effect without remediation.enabled and dryRun: false "
+                "(nothing is lent that could not be taken back)"
+            )
+        return out
 
 
 class PolicyMetadata(BaseModel):

@@ -227,13 +227,14 @@ class Remediator:
         """
         spec = self.state.policy.spec
         due = self.state.borrowers_to_evict()
-        self._reclaimed &= {pod.pod_uid for pod, _ in due}
+        # Evicted once: not again while the pod is still there (on its way out).
+        self._reclaimed = {u for u in self._reclaimed if self.state.allocations.get(u)}
         for pod, short in due:
             if pod.pod_uid in self._reclaimed:
                 continue
             message = (
-                f"its GPU on {pod.node} is {short} block(s) short: the idle blocks it borrowed "
-                "are needed again"
+                f"its GPU on {pod.node} is {short} block(s) short, and best-effort pods give "
+                "memory back first (idle blocks lent are needed again)"
             )
             if await self._evict(pod, "reclaim", message, spec.remediation):
                 self._reclaimed.add(pod.pod_uid)

@@ -364,17 +364,27 @@ class ClusterState:
                             by_pod[uid] = by_pod.get(uid, 0.0) + mib
                     explained = sum(min(mib, self._budget_mib(uid)) for uid, mib in by_pod.items())
                     used = max(used - explained, 0.0)
-                    if lending:
-                        found = ((self.allocations.get(uid), by_pod.get(uid, 0.0)) for uid in ours)
+                    if lending:  # only pods whose use is measured: their processes are seen
+                        found = ((self.allocations.get(uid), mib) for uid, mib in by_pod.items())
                         owners[i] = [(a, mib) for a, mib in found if a is not None]
                 unaccounted[i] = used
         if record is None and not blocks and not whole and node not in self.table:
             return
-        lent = self.lending.lent(node, self.clock.monotonic(), owners, self.policy.spec.memory)
+        lent: dict[int, int] = {}
+        if record is not None and lending:
+            lent = self.lending.lent(node, record.received_at, owners, self.policy.spec.memory)
         self._lent[node] = {uuid_at[i]: n for i, n in lent.items() if i in uuid_at}
         if not self._lent[node]:
             del self._lent[node]
-        self.table.write_allocations(node, blocks, whole, unaccounted, lent)
+        # Best-effort pods sit in lent blocks first: the GPU's own free room is what is left
+        # after those they fill (pods of other classes may take it).
+        best_effort: dict[int, int] = {}
+        for a in self.allocations.on_node(node) if lent else ():
+            if a.qos is QosClass.BEST_EFFORT and not a.whole:
+                for i in a.gpu_indices:
+                    best_effort[i] = best_effort.get(i, 0) + a.mem_blocks
+        borrowed = {i: min(n, lent[i]) for i, n in best_effort.items() if i in lent}
+        self.table.write_allocations(node, blocks, whole, unaccounted, lent, borrowed)
         self._write_room(node)
 
     def lent_blocks(self, node: str) -> dict[str, int]:
@@ -393,11 +403,14 @@ class ClusterState:
             return []
         col = self.table.column
         args = self.policy.spec.memory
+        now = self.clock.monotonic()
         out: list[tuple[Assignment, int]] = []
         for node in self.store.nodes():
             row = self.table.row(node)
             if row is None or not self.allocations.holds_gpus(node):
                 continue
+            if not self.lending.settled(node, now, args):
+                continue  # which pods are idle is not known yet (a restart): nothing lent either
             room = memory.room_blocks(
                 col("memory_total_mib")[row],
                 col("unaccounted_used_mib")[row],
@@ -408,7 +421,7 @@ class ClusterState:
             short = {i: int(-r) for i, r in enumerate(room) if r < 0}
             if not short:
                 continue
-            on_node = self.allocations.on_node(node)
+            on_node = [a for a in self.allocations.on_node(node) if not self.reserved(a.pod_uid)]
             for i, blocks in short.items():
                 on_gpu = [a for a in on_node if i in a.gpu_indices]
                 out.extend((a, blocks) for a in lending_rules.borrowers_to_evict(on_gpu, blocks))

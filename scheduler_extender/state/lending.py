@@ -22,21 +22,26 @@ class Lending:
 
     def __init__(self) -> None:
         self._since: dict[str, dict[str, float]] = {}
-        """node → pod uid → when its use last went below the threshold (monotonic)."""
+        """node → pod uid → when its use last went below the threshold (sample time)."""
+        self._first: dict[str, float] = {}
+        """node → the first sample this extender saw of it."""
 
     def lent(
         self,
         node: str,
-        now: float,
+        sampled_at: float,
         owners: Mapping[int, list[tuple[Assignment, float]]],
         args: MemoryArgs,
     ) -> dict[int, int]:
         """Blocks lent per GPU index, from the pods on each GPU and their measured use (MiB).
 
-        ``owners`` holds every block pod on the node's GPUs with its use in the latest report
-        (0 where it has no GPU process yet). Best-effort pods lend nothing: they borrow.
+        ``owners`` holds the block pods whose GPU processes the latest report attributes to
+        them, with their use then; ``sampled_at`` is when that report came (only a new report
+        moves the idle times on). A pod with no attributed process lends nothing: its use is
+        not known. Best-effort pods lend nothing either: they borrow.
         """
         release = args.idle_release
+        self._first.setdefault(node, sampled_at)
         before = self._since.get(node, {})
         since: dict[str, float] = {}
         out: dict[int, int] = {}
@@ -47,8 +52,8 @@ class Lending:
                 budget = float(pod.mem_blocks * args.block_mib)
                 if used >= release.below * budget:
                     continue
-                since[pod.pod_uid] = start = before.get(pod.pod_uid, now)
-                if now - start >= release.after:
+                since[pod.pod_uid] = start = before.get(pod.pod_uid, sampled_at)
+                if sampled_at - start >= release.after:
                     out[index] = out.get(index, 0) + idle_blocks(budget, used, args.block_mib)
         if since:
             self._since[node] = since
@@ -56,23 +61,31 @@ class Lending:
             self._since.pop(node, None)
         return {i: n for i, n in out.items() if n > 0}
 
-    def idle_since(self, node: str) -> dict[str, float]:
-        """Pods of the node idle now, and since when."""
-        return dict(self._since.get(node, {}))
+    def settled(self, node: str, now: float, args: MemoryArgs) -> bool:
+        """Whether this extender has watched the node for ``after``.
+
+        Only then can it know which of its pods are idle, and take lent blocks back: not right
+        after a restart, when it has lent nothing yet either.
+        """
+        first = self._first.get(node)
+        return first is not None and now - first >= args.idle_release.after
 
     def forget(self, node: str) -> None:
         """The node is gone."""
         self._since.pop(node, None)
+        self._first.pop(node, None)
 
 
 def borrowers_to_evict(on_gpu: list[Assignment], short_blocks: int) -> list[Assignment]:
     """The best-effort pods that give back ``short_blocks`` blocks, the latest assigned first.
 
-    All of them if they hold fewer.
+    All of them if they hold fewer. ``on_gpu`` holds bound pods only (no reservations).
     """
     out: list[Assignment] = []
     left = short_blocks
-    borrowers = [a for a in on_gpu if a.qos is QosClass.BEST_EFFORT and not a.whole]
+    borrowers = [
+        a for a in on_gpu if a.qos is QosClass.BEST_EFFORT and not a.whole and a.mem_blocks > 0
+    ]
     for pod in sorted(borrowers, key=lambda a: (-a.assigned_at, a.pod_uid)):
         if left <= 0:
             break

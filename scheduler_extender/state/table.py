@@ -42,6 +42,7 @@ _AS_GATHERED = (
     "health",
     "allocated_blocks",
     "lent_blocks",
+    "borrowed_blocks",
     "whole_taken",
     "rack",
     "rdma",
@@ -93,7 +94,7 @@ class NodeTable:
             return np.zeros((rows, gpus), dtype=np.bool_)
         if name == "health":
             return np.zeros((rows, gpus), dtype=np.int8)
-        if name in ("allocated_blocks", "lent_blocks"):
+        if name in ("allocated_blocks", "lent_blocks", "borrowed_blocks"):
             return np.zeros((rows, gpus), dtype=np.int64)
         raise KeyError(name)
 
@@ -108,6 +109,7 @@ class NodeTable:
             "health",
             "allocated_blocks",
             "lent_blocks",
+            "borrowed_blocks",
         )
 
     def _alloc(self, rows: int, gpus: int) -> None:
@@ -338,6 +340,7 @@ class NodeTable:
         whole: set[int],
         unaccounted: dict[int, float],
         lent: dict[int, int] | None = None,
+        borrowed: dict[int, int] | None = None,
     ) -> None:
         """Replace a node's assignment columns, its unexplained memory and its lent blocks."""
         if blocks or whole:
@@ -347,12 +350,16 @@ class NodeTable:
         c = self._cols
         c["allocated_blocks"][row] = 0
         c["lent_blocks"][row] = 0
+        c["borrowed_blocks"][row] = 0
         c["whole_taken"][row] = False
         for i, n in blocks.items():
             c["allocated_blocks"][row, i] = n
         for i, n in (lent or {}).items():
             if i < self._gpus:
                 c["lent_blocks"][row, i] = n
+        for i, n in (borrowed or {}).items():
+            if i < self._gpus:
+                c["borrowed_blocks"][row, i] = n
         for i in whole:
             c["whole_taken"][row, i] = True
         for i, mib in unaccounted.items():

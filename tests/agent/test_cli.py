@@ -104,3 +104,17 @@ def test_the_extender_accepts_the_seed_policy(tmp_path):
     proc = run("-m", "scheduler_extender", "--policy", str(seed), "--check-policy")
     assert proc.returncode == 0, proc.stderr
     assert "edge-gpu-policy" in proc.stdout
+
+
+def test_check_policy_says_when_idle_release_would_have_no_effect(tmp_path):
+    doc = tmp_path / "policy.yaml"
+    doc.write_text("spec:\n  memory:\n    idleRelease:\n      enabled: true\n")
+    proc = run("-m", "scheduler_extender", "--policy", str(doc), "--check-policy")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: memory.idleRelease has no effect" in proc.stdout
+    doc.write_text(
+        "spec:\n  memory:\n    idleRelease:\n      enabled: true\n"
+        "  remediation:\n    enabled: true\n    dryRun: false\n"
+    )
+    proc = run("-m", "scheduler_extender", "--policy", str(doc), "--check-policy")
+    assert proc.returncode == 0 and "note:" not in proc.stdout

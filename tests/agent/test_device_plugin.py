@@ -223,21 +223,25 @@ async def test_the_agent_tells_the_plugin_its_blocks_and_the_extender_its_assign
             assert refused.status_code == 403  # no agent authentication: loopback only
 
 
-async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lends_them() -> None:
+async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lends_them(
+    tmp_path: Path,
+) -> None:
     """memory.idleRelease: the push answer's ``lend_blocks`` become extra devices of that GPU
     (``<uuid>::lent-<k>``), so kubelet's count lets best-effort borrowers in; they go when the
     extender no longer lends them."""
     fake = FakeClock()
     clock = [1000.0]
-    policy = parse_policy({"spec": {"remediation": {"enabled": True},
+    policy = parse_policy({"spec": {"remediation": {"enabled": True, "dryRun": False},
                                     "memory": {"idleRelease": {"enabled": True, "after": "5m"}}}})  # fmt: skip
     app = create_app(clock=fake, policy=policy)
     state = app.state.ctx.state
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
         pusher = Pusher(["http://extender"], client, clock=lambda: clock[0])
+        procs = tmp_path / "processes.json"
+        procs.write_text('{"1": [{"pod_uid": "uid-p", "used_mib": 1000}]}')
         backend = SimulatedBackend(clock=lambda: clock[0], gpus=2, node="n1", load_pct=0.0,
-                                   model="Tesla T4")  # fmt: skip
+                                   model="Tesla T4", pod_processes=procs)  # fmt: skip
         backend.open()
         agent = Agent(backend, node="n1", interval_s=1.0, pusher=pusher,
                       metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
@@ -255,13 +259,12 @@ async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lend
         (uuid,) = state.gpu_uuids("n1", [1])
         state.assign(Assignment("uid-p", "default", "p", "n1", (1,), (uuid,), 2, False,
                                 QosClass.INFERENCE, None, 5.0), authoritative=True)  # fmt: skip
-        assert await lent_devices() == []  # idle (no process), not for 5 minutes yet
+        assert await lent_devices() == []  # idle (1000 of 8192 MiB), not for 5 minutes yet
         fake.advance(300.0)
-        assert await lent_devices() == []  # the answer lends 2; the plugin hears it now
-        assert await lent_devices() == [f"{uuid}::lent-0", f"{uuid}::lent-1"]
-        assert len(agent.device_plugin.devices()) == 2 * 3 + 2
-        state.release("uid-p")
-        await lent_devices()
+        # The answer lends 1 block (8192 - 1000 MiB idle): kubelet hears it in the same round.
+        assert await lent_devices() == [f"{uuid}::lent-0"]
+        assert len(agent.device_plugin.devices()) == 2 * 3 + 1
+        procs.write_text('{"1": [{"pod_uid": "uid-p", "used_mib": 7000}]}')  # busy again
         assert await lent_devices() == []
 
 

@@ -146,3 +146,65 @@ def test_best_effort_pods_never_lend_and_busy_pods_restart_the_wait(c: Cluster) 
     c.clock.advance(400.0)
     sample(c, {"be-owner": 0.0})
     assert c.state.lent_blocks("n0") == {}
+
+
+def _lend_two(c: Cluster) -> None:
+    """The owner holds 3 blocks of GPU 0 and has used 1 GiB for over 5 minutes: it lends 2."""
+    hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
+    sample(c, {"owner": 1024.0})
+    c.clock.advance(301.0)
+    sample(c, {"owner": 1024.0})
+    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}
+
+
+def test_borrowers_fill_lent_blocks_before_the_gpus_own_room(c: Cluster) -> None:
+    _lend_two(c)
+    hold(c, "borrower", 2, QosClass.BEST_EFFORT, 400.0)
+    sample(c, {"owner": 1024.0, "borrower": 2000.0})
+    # The GPU's fourth block is still free for any pod; the lent ones are taken.
+    assert fits(c, 1, QosClass.INFERENCE) == Reason.OK
+    assert fits(c, 2, QosClass.BEST_EFFORT) == Reason.NO_FREE_BLOCKS
+    assert c.state.borrowers_to_evict() == []
+
+
+def test_a_best_effort_pod_takes_a_gpus_own_room_before_lent_blocks(c: Cluster) -> None:
+    _lend_two(c)
+    c.state.release("uid-whole")  # GPU 1 is free now: 4 blocks of its own
+    sample(c, {"owner": 1024.0})
+    demand = PodDemand("uid-new", "default", "new", QosClass.BEST_EFFORT, mem_blocks=2)
+    ev = c.state.evaluate(["n0"], demand)
+    assert ev.passed[0] and int(ev.gpus[0][0]) == 1  # not GPU 0, where it would borrow
+
+
+def test_a_pod_whose_processes_are_not_seen_lends_nothing(c: Cluster) -> None:
+    hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
+    sample(c, {})  # the backend attributes no process to it: its use is not known
+    c.clock.advance(3600.0)
+    sample(c, {})
+    assert c.state.lent_blocks("n0") == {}
+
+
+def test_a_dry_run_lends_nothing_since_it_could_not_take_the_blocks_back(c: Cluster) -> None:
+    c.state.set_policy(parse_policy({"spec": {**LENDING, "remediation": {"enabled": True}}}))
+    hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
+    sample(c, {"owner": 0.0})
+    c.clock.advance(3600.0)
+    sample(c, {"owner": 0.0})
+    assert c.state.lent_blocks("n0") == {}
+
+
+def test_after_a_restart_borrowers_stay_until_the_owners_are_known_again(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    # A new extender reads both pods back from their annotations and has lent nothing yet.
+    c = Cluster(kube, kubeconfig, count=1)
+    c.state.set_policy(parse_policy({"spec": LENDING}))
+    hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
+    hold(c, "borrower", 2, QosClass.BEST_EFFORT, 400.0)
+    sample(c, {"owner": 1024.0, "borrower": 2000.0})
+    assert c.state.lent_blocks("n0") == {}
+    assert c.state.borrowers_to_evict() == []  # not yet: is the owner idle?
+    c.clock.advance(301.0)
+    sample(c, {"owner": 1024.0, "borrower": 2000.0})
+    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}  # it is: the borrower stays
+    assert c.state.borrowers_to_evict() == []
