@@ -178,8 +178,16 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
                         whole[0, g] = False
                     else:
                         allocated[0, g] = max(allocated[0, g] - a.mem_blocks, 0)
+            # Without lent blocks: the victims may be the pods that lend them.
+            none = np.zeros_like(allocated)
             after = evaluate(
-                dataclasses.replace(batch.row(i), allocated_blocks=allocated, whole_taken=whole),
+                dataclasses.replace(
+                    batch.row(i),
+                    allocated_blocks=allocated,
+                    whole_taken=whole,
+                    lent_blocks=none,
+                    borrowed_blocks=none,
+                ),
                 demand,
                 state.policy,
                 context,
