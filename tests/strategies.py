@@ -27,6 +27,9 @@ def node_batches(draw: st.DrawFn, max_nodes: int = 12, max_gpus: int = 4) -> Nod
 
     temps = st.one_of(st.just(float("nan")), st.floats(-10, 120))
     watts = st.one_of(st.just(float("nan")), st.floats(0, 400))
+    allocated = grid(st.integers(0, 6), np.int64)
+    lent = grid(st.integers(0, 2), np.int64)
+    borrowed = np.minimum(grid(st.integers(0, 2), np.int64), np.minimum(allocated, lent))
     return NodeBatch(
         known=line(st.booleans(), np.bool_),
         age_s=line(st.floats(0, 100), np.float64),
@@ -48,9 +51,9 @@ def node_batches(draw: st.DrawFn, max_nodes: int = 12, max_gpus: int = 4) -> Nod
         },
         unaccounted_used_mib=grid(st.floats(0, 20000), np.float64),
         excluded_until=grid(st.sampled_from([-np.inf, np.inf, 990.0, 1010.0]), np.float64),
-        allocated_blocks=grid(st.integers(0, 6), np.int64),
-        lent_blocks=grid(st.integers(0, 2), np.int64),
-        borrowed_blocks=grid(st.integers(0, 1), np.int64),
+        allocated_blocks=allocated,
+        lent_blocks=lent,
+        borrowed_blocks=borrowed,
         whole_taken=grid(st.booleans(), np.bool_),
         rack=line(st.integers(-1, 2), np.int64),
         rdma=line(st.booleans(), np.bool_),

@@ -43,6 +43,26 @@ SCENARIOS: Final = (
 )
 
 
+def _parse_processes(text: str) -> dict[int, tuple[GpuProcess, ...]]:
+    """The ``--pod-processes`` document; ``ValueError`` (and the like) when it is not valid."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object of GPU index → processes")
+    out: dict[int, tuple[GpuProcess, ...]] = {}
+    for key, entries in doc.items():
+        index = int(key)
+        procs = []
+        for k, e in enumerate(entries):
+            used = float(e["used_mib"])
+            if not math.isfinite(used) or used < 0:
+                raise ValueError(f"GPU {index}: used_mib {e['used_mib']!r} is not a size")
+            procs.append(GpuProcess(pid=10_000 + 100 * index + k, used_mib=used,
+                                    pod_uid=str(e["pod_uid"]),
+                                    container=str(e.get("container", "app"))))  # fmt: skip
+        out[index] = tuple(procs)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class GpuModel:
     """Static properties of a simulated GPU model."""
@@ -128,7 +148,9 @@ class SimulatedBackend:
         self._seed = int.from_bytes(digest[:8], "big")
         self._load_pct = load_pct
         self._pod_processes = pod_processes
-        self._bad_processes_file = False
+        self._procs: dict[int, tuple[GpuProcess, ...]] = {}
+        self._procs_text: str | None = None
+        self._bad_processes_file: tuple[str | None, str] | None = None
         names = [m.name for m in (*MODELS, *OTHER_MODELS)]
         if model is not None and model not in names:
             raise BackendUnavailable(
@@ -239,7 +261,7 @@ class SimulatedBackend:
         # Memory follows the work's size (its base load), not the moment's utilisation noise.
         procs = self._processes(index)
         used = 300.0 + (gpu.base_util_pct / 100.0) * 0.6 * m.memory_mib
-        used += sum(p.used_mib or 0.0 for p in procs)
+        used = min(used + sum(p.used_mib or 0.0 for p in procs), m.memory_mib)
         unsupported = self.scenario == "unsupported-fields"
         return GpuReading(
             index=index,
@@ -261,32 +283,32 @@ class SimulatedBackend:
         )
 
     def _processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """Pods' GPU processes from the ``pod_processes`` file, read at every sample.
+        """Pods' GPU processes from the ``pod_processes`` file (parsed again when it changes).
 
-        JSON: GPU index → list of ``{"pod_uid", "used_mib", "container"}``. A missing or bad
-        file means none (said once).
+        JSON: GPU index → list of ``{"pod_uid", "used_mib", "container"}``, ``used_mib`` a
+        finite number ≥ 0. A missing or bad file means no processes on any GPU (said once
+        per version of the file).
         """
         if self._pod_processes is None:
             return ()
         try:
-            doc = json.loads(self._pod_processes.read_text())
-            entries = doc.get(str(index), []) if isinstance(doc, dict) else []
-            out = tuple(
-                GpuProcess(
-                    pid=10_000 + 100 * index + k,
-                    used_mib=float(e["used_mib"]),
-                    pod_uid=str(e["pod_uid"]),
-                    container=str(e.get("container", "app")),
-                )
-                for k, e in enumerate(entries)
-            )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            if not self._bad_processes_file:
-                log.warning("simulated pod processes from %s: %s", self._pod_processes, exc)
-                self._bad_processes_file = True
-            return ()
-        self._bad_processes_file = False
-        return out
+            text = self._pod_processes.read_text()
+        except OSError as exc:
+            text, self._procs = None, {}
+            self._say_once(text, str(exc))
+        if text is not None and text != self._procs_text:
+            try:
+                self._procs = _parse_processes(text)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                self._procs = {}
+                self._say_once(text, str(exc))
+        self._procs_text = text
+        return self._procs.get(index, ())
+
+    def _say_once(self, text: str | None, error: str) -> None:
+        if self._bad_processes_file != (text, error):
+            log.warning("simulated pod processes from %s: %s", self._pod_processes, error)
+            self._bad_processes_file = (text, error)
 
     def node_checks(self) -> NodeChecks:
         """The simulated driver is always there."""

@@ -75,7 +75,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
         free = memory.free_blocks(
             batch.readings["memory_total_mib"],
             batch.unaccounted_used_mib,
-            batch.allocated_blocks,
+            batch.allocated_blocks - batch.borrowed_blocks,  # a GPU's own room, as filters see it
             spec.memory,
         )[0]
         gpus = []

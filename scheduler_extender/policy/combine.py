@@ -284,13 +284,14 @@ def _fit(
     usable: BoolArray,
 ) -> FloatArray:
     """The memoryFit term per GPU: fragmentation score where it applies, else best fit."""
+    request = 0 if demand.needs_whole_gpu else demand.mem_blocks
     if _frag_applies(demand, policy, mix):
         args = policy.spec.fragmentation
-        return fragmentation.score(
+        fit = fragmentation.score(
             facts.room, facts.idle, facts.capacity, usable, demand, mix, args, facts.host
         )
-    request = 0 if demand.needs_whole_gpu else demand.mem_blocks
-    fit = memory.fit_score(facts.room, facts.capacity, request, demand.qos.packs)
+    else:
+        fit = memory.fit_score(facts.room, facts.capacity, request, demand.qos.packs)
     # A best-effort pod that would have to borrow lent blocks fits worst.
     return np.where(facts.room >= request, fit, 0.0)
 

@@ -72,6 +72,12 @@ class ClusterState:
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
         """Put a new policy in force; rows are rewritten (rack label or thresholds may differ)."""
+        old = self.policy.spec
+        if (old.lends_idle_blocks, old.memory) != (
+            policy.spec.lends_idle_blocks,
+            policy.spec.memory,
+        ):
+            self.lending = lending_rules.Lending()  # idle times seen under other rules start over
         self.policy = policy
         self.verdicts.clear()
         if policy.spec.fragmentation != self._mix.args:
@@ -347,14 +353,17 @@ class ClusterState:
         lending = self.policy.spec.lends_idle_blocks
         record = self.store.get(node)
         uuid_at: dict[int, str] = {}
+        unread: dict[int, set[str]] = {}
         if record is not None:
             d = record.digest
             uuid_at = dict(zip(map(int, d.column("index")), d.uuids, strict=True))
             for index, used in zip(d.column("index"), d.column("memory_used_mib"), strict=True):
-                if math.isnan(used):
-                    continue
                 i = int(index)
                 ours = pods.get(i)
+                if math.isnan(used):
+                    if ours:
+                        unread[i] = ours
+                    continue
                 if ours:
                     # A pod's use explains memory up to its budget: what it uses past its blocks
                     # counts against the GPU (never less than the real use).
@@ -372,7 +381,8 @@ class ClusterState:
             return
         lent: dict[int, int] = {}
         if record is not None and lending:
-            lent = self.lending.lent(node, record.received_at, owners, self.policy.spec.memory)
+            args = self.policy.spec.memory
+            lent = self.lending.lent(node, record.received_at, owners, args, unread)
         self._lent[node] = {uuid_at[i]: n for i, n in lent.items() if i in uuid_at}
         if not self._lent[node]:
             del self._lent[node]
@@ -403,13 +413,12 @@ class ClusterState:
             return []
         col = self.table.column
         args = self.policy.spec.memory
-        now = self.clock.monotonic()
         out: list[tuple[Assignment, int]] = []
         for node in self.store.nodes():
             row = self.table.row(node)
             if row is None or not self.allocations.holds_gpus(node):
                 continue
-            if not self.lending.settled(node, now, args):
+            if not self.lending.settled(node, args):
                 continue  # which pods are idle is not known yet (a restart): nothing lent either
             room = memory.room_blocks(
                 col("memory_total_mib")[row],
@@ -418,7 +427,8 @@ class ClusterState:
                 args,
                 col("lent_blocks")[row],
             )
-            short = {i: int(-r) for i, r in enumerate(room) if r < 0}
+            unread = np.isnan(col("unaccounted_used_mib")[row])  # not judged without a reading
+            short = {i: int(-r) for i, r in enumerate(room) if r < 0 and not unread[i]}
             if not short:
                 continue
             on_node = [a for a in self.allocations.on_node(node) if not self.reserved(a.pod_uid)]
@@ -454,7 +464,8 @@ class ClusterState:
         args = self.policy.spec.memory
         usable = col("present")[rows] & (col("health")[rows] != Health.UNHEALTHY)
         unaccounted, allocated = col("unaccounted_used_mib")[rows], col("allocated_blocks")[rows]
-        free = memory.free_blocks(col("memory_total_mib")[rows], unaccounted, allocated, args)
+        held = allocated - col("borrowed_blocks")[rows]  # as gpu_facts counts a GPU's own room
+        free = memory.free_blocks(col("memory_total_mib")[rows], unaccounted, held, args)
         idle = memory.is_idle(unaccounted, allocated, col("whole_taken")[rows], args)
         self.table.set_room(
             rows,

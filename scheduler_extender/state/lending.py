@@ -11,7 +11,7 @@ names the best-effort pods to evict (the leader's remediation round does it). Im
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.policy.rules.memory import MemoryArgs, idle_blocks
@@ -24,7 +24,11 @@ class Lending:
         self._since: dict[str, dict[str, float]] = {}
         """node → pod uid → when its use last went below the threshold (sample time)."""
         self._first: dict[str, float] = {}
-        """node → the first sample this extender saw of it."""
+        """node → the first report this extender saw of it (for lending)."""
+        self._last: dict[str, float] = {}
+        """node → the latest report lent blocks were worked out from."""
+        self._by_gpu: dict[str, dict[int, int]] = {}
+        """node → GPU index → blocks lent at that report."""
 
     def lent(
         self,
@@ -32,19 +36,27 @@ class Lending:
         sampled_at: float,
         owners: Mapping[int, list[tuple[Assignment, float]]],
         args: MemoryArgs,
+        unread: Mapping[int, Iterable[str]] | None = None,
     ) -> dict[int, int]:
         """Blocks lent per GPU index, from the pods on each GPU and their measured use (MiB).
 
         ``owners`` holds the block pods whose GPU processes the latest report attributes to
         them, with their use then; ``sampled_at`` is when that report came (only a new report
         moves the idle times on). A pod with no attributed process lends nothing: its use is
-        not known. Best-effort pods lend nothing either: they borrow.
+        not known. Best-effort pods lend nothing either: they borrow. A GPU whose memory the
+        report could not read (``unread``: its index → the pods on it) keeps what it lent and
+        its pods their idle times, until a report reads it again.
         """
         release = args.idle_release
         self._first.setdefault(node, sampled_at)
+        self._last[node] = sampled_at
         before = self._since.get(node, {})
         since: dict[str, float] = {}
         out: dict[int, int] = {}
+        for index, uids in (unread or {}).items():
+            since.update({u: before[u] for u in uids if u in before})
+            if (kept := self._by_gpu.get(node, {}).get(index)) is not None:
+                out[index] = kept
         for index, pods in owners.items():
             for pod, used in pods:
                 if pod.whole or not pod.mem_blocks or pod.qos is QosClass.BEST_EFFORT:
@@ -59,21 +71,23 @@ class Lending:
             self._since[node] = since
         else:
             self._since.pop(node, None)
-        return {i: n for i, n in out.items() if n > 0}
+        lent = {i: n for i, n in out.items() if n > 0}
+        self._by_gpu[node] = lent
+        return dict(lent)
 
-    def settled(self, node: str, now: float, args: MemoryArgs) -> bool:
-        """Whether this extender has watched the node for ``after``.
+    def settled(self, node: str, args: MemoryArgs) -> bool:
+        """Whether this extender's reports of the node span ``after``.
 
         Only then can it know which of its pods are idle, and take lent blocks back: not right
         after a restart, when it has lent nothing yet either.
         """
-        first = self._first.get(node)
-        return first is not None and now - first >= args.idle_release.after
+        first, last = self._first.get(node), self._last.get(node)
+        return first is not None and last is not None and last - first >= args.idle_release.after
 
     def forget(self, node: str) -> None:
         """The node is gone."""
-        self._since.pop(node, None)
-        self._first.pop(node, None)
+        for kept in (self._since, self._first, self._last, self._by_gpu):
+            kept.pop(node, None)
 
 
 def borrowers_to_evict(on_gpu: list[Assignment], short_blocks: int) -> list[Assignment]:

@@ -103,3 +103,25 @@ def test_unknown_backends_and_scenarios_name_the_choices():
         load_backend("level-zero")
     with pytest.raises(BackendUnavailable, match="steady"):
         SimulatedBackend(clock=Clock(), scenario="meltdown")
+
+
+def test_pod_processes_come_from_the_file_and_a_bad_file_means_none(tmp_path, caplog):
+    procs = tmp_path / "processes.json"
+    b = SimulatedBackend(clock=lambda: 0.0, gpus=2, model="Tesla T4", load_pct=0.0,
+                         pod_processes=procs)  # fmt: skip
+    b.open()
+    assert b.read(0).processes == () and b.capabilities(0).processes  # no file yet
+    procs.write_text('{"1": [{"pod_uid": "uid-p", "used_mib": 1000, "container": "c"}]}')
+    r = b.read(1)
+    assert [(p.pod_uid, p.used_mib, p.container) for p in r.processes] == [("uid-p", 1000.0, "c")]
+    assert r.memory_used_mib == 1300.0  # the driver's 300 MiB and the pod's
+    procs.write_text('{"1": [{"pod_uid": "uid-p", "used_mib": 99000}]}')
+    assert b.read(1).memory_used_mib == 15360.0  # never more than the GPU has
+    caplog.clear()
+    for bad in ('{"0": [{"pod_uid": "a", "used_mib": 1}], "1": [{"pod_uid": "b", "used_mib": -5}]}',
+                '{"0": [{"pod_uid": "a", "used_mib": "NaN"}]}', "[]", "{"):  # fmt: skip
+        procs.write_text(bad)
+        assert b.read(0).processes == () and b.read(1).processes == ()  # the whole file, not part
+        assert b.read(0).processes == ()
+    warnings = [r for r in caplog.records if "simulated pod processes" in r.getMessage()]
+    assert len(warnings) == 4  # once per bad version of the file, not once per read

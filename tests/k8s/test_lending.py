@@ -201,10 +201,39 @@ def test_after_a_restart_borrowers_stay_until_the_owners_are_known_again(
     c.state.set_policy(parse_policy({"spec": LENDING}))
     hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
     hold(c, "borrower", 2, QosClass.BEST_EFFORT, 400.0)
-    sample(c, {"owner": 1024.0, "borrower": 2000.0})
+    both = {"owner": 1024.0, "borrower": 2000.0}
+    sample(c, both)
     assert c.state.lent_blocks("n0") == {}
     assert c.state.borrowers_to_evict() == []  # not yet: is the owner idle?
-    c.clock.advance(301.0)
-    sample(c, {"owner": 1024.0, "borrower": 2000.0})
-    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}  # it is: the borrower stays
+    c.clock.advance(295.0)
+    sample(c, both)
+    c.clock.advance(6.0)  # 301 s since the first report, but its reports span 295 s only
     assert c.state.borrowers_to_evict() == []
+    sample(c, both)
+    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}  # it is idle: the borrower stays
+    assert c.state.borrowers_to_evict() == []
+
+
+def test_a_report_that_cannot_read_the_gpus_memory_keeps_what_it_lends(c: Cluster) -> None:
+    _lend_two(c)
+    hold(c, "borrower", 2, QosClass.BEST_EFFORT, 400.0)
+    sample(c, {"owner": 1024.0, "borrower": 2000.0})
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, memory_used_mib=None), gpu(1)], seq=c.seq)))
+    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}
+    assert c.state.borrowers_to_evict() == []
+    c.clock.advance(5.0)
+    sample(c, {"owner": 1024.0, "borrower": 2000.0})  # read again: still idle since before
+    assert c.state.lent_blocks("n0") == {"GPU-0000": 2}
+
+
+def test_switching_lending_off_and_on_starts_the_wait_over(c: Cluster) -> None:
+    hold(c, "owner", 3, QosClass.INFERENCE, 0.0)
+    sample(c, {"owner": 1024.0})
+    c.state.set_policy(parse_policy({"spec": {"remediation": LENDING["remediation"]}}))
+    c.clock.advance(600.0)
+    sample(c, {"owner": 10000.0})  # busy while lending was off
+    c.clock.advance(10.0)
+    sample(c, {"owner": 1024.0})
+    c.state.set_policy(parse_policy({"spec": LENDING}))
+    assert c.state.lent_blocks("n0") == {}  # idle for 10 s, not 5 minutes
