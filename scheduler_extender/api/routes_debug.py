@@ -75,8 +75,9 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
         free = memory.free_blocks(
             batch.readings["memory_total_mib"],
             batch.unaccounted_used_mib,
-            batch.allocated_blocks - batch.borrowed_blocks,  # a GPU's own room, as filters see it
+            batch.allocated_blocks,
             spec.memory,
+            batch.borrowed_blocks,
         )[0]
         gpus = []
         for gpu in report.gpus:

@@ -111,9 +111,13 @@ def gpu_facts(batch: NodeBatch, policy: Policy) -> GpuFacts:
     spec = policy.spec
     total_mib = batch.readings["memory_total_mib"]
     capacity = memory.capacity_blocks(total_mib, spec.memory)
-    # Blocks best-effort pods hold in lent blocks are not taken from the GPU's own room.
-    held = batch.allocated_blocks - batch.borrowed_blocks
-    free = memory.free_blocks(total_mib, batch.unaccounted_used_mib, held, spec.memory)
+    free = memory.free_blocks(
+        total_mib,
+        batch.unaccounted_used_mib,
+        batch.allocated_blocks,
+        spec.memory,
+        batch.borrowed_blocks,
+    )
     lendable = np.zeros_like(free)
     if spec.lends_idle_blocks:
         borrow = memory.room_blocks(
@@ -205,6 +209,9 @@ def gpu_verdict(
     weights = demand_weights(demand, policy)
     need = demand.gpu_count
     fits_ever = facts.capacity >= demand.mem_blocks
+    cool = now >= facts.excluded_until
+    candidate = facts.healthy & fits_ever
+    candidate_cool = candidate & cool
     if demand.needs_whole_gpu:
         fits_now = facts.idle
         too_small = Reason.TOO_FEW_GPUS if demand.whole_gpus else Reason.REQUEST_EXCEEDS_GPU
@@ -216,13 +223,10 @@ def gpu_verdict(
             # taken back: a node with enough GPUs of that offers only those.
             own = fits_now
             fits_now = facts.open_free + facts.lendable >= demand.mem_blocks
-            enough = (own & facts.healthy & (now >= facts.excluded_until)).sum(axis=1) >= need
+            enough = (own & candidate_cool).sum(axis=1) >= need
             fits_now = np.where(enough[:, None], own, fits_now)
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
-    cool = now >= facts.excluded_until
-    candidate = facts.healthy & fits_ever
-    candidate_cool = candidate & cool
     usable = candidate_cool & fits_now
     n_cool = candidate_cool.sum(axis=1)
     hot = np.isposinf(facts.excluded_until)

@@ -464,8 +464,8 @@ class ClusterState:
         args = self.policy.spec.memory
         usable = col("present")[rows] & (col("health")[rows] != Health.UNHEALTHY)
         unaccounted, allocated = col("unaccounted_used_mib")[rows], col("allocated_blocks")[rows]
-        held = allocated - col("borrowed_blocks")[rows]  # as gpu_facts counts a GPU's own room
-        free = memory.free_blocks(col("memory_total_mib")[rows], unaccounted, held, args)
+        total, borrowed = col("memory_total_mib")[rows], col("borrowed_blocks")[rows]
+        free = memory.free_blocks(total, unaccounted, allocated, args, borrowed)
         idle = memory.is_idle(unaccounted, allocated, col("whole_taken")[rows], args)
         self.table.set_room(
             rows,

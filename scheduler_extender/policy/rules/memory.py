@@ -107,10 +107,18 @@ def room_blocks(
 
 
 def free_blocks(
-    total: FloatArray, unaccounted: FloatArray, held: IntArray, args: MemoryArgs
+    total: FloatArray,
+    unaccounted: FloatArray,
+    allocated: IntArray,
+    args: MemoryArgs,
+    borrowed: IntArray | int = 0,
 ) -> IntArray:
-    """Blocks still free on each GPU: ``room_blocks``, at least 0."""
-    out: IntArray = np.maximum(room_blocks(total, unaccounted, held, args), 0)
+    """A GPU's own free blocks: ``room_blocks``, at least 0.
+
+    ``borrowed`` are the blocks best-effort pods hold in lent blocks (part of ``allocated``):
+    they are not taken from the GPU's own room.
+    """
+    out: IntArray = np.maximum(room_blocks(total, unaccounted, allocated - borrowed, args), 0)
     return out
 
 
