@@ -66,8 +66,6 @@ class ClusterState:
         """Free room per rack, by whole-GPU or blocks, with the (writes, racks, policy) it is of."""
         self.lending = lending_rules.Lending()
         """Which pods stay idle, for lending their idle blocks (``memory.idleRelease``)."""
-        self._lent: dict[str, dict[str, int]] = {}
-        """node → GPU uuid → blocks lent."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -119,7 +117,6 @@ class ClusterState:
         self._node_labels.pop(node, None)
         self.host.forget_node(node)
         self.lending.forget(node)
-        self._lent.pop(node, None)
         self.table.remove(node)
 
     def set_host_allocatable(self, node: str, cpu_milli: float, memory_mib: float) -> None:
@@ -352,11 +349,9 @@ class ClusterState:
         owners: dict[int, list[tuple[Assignment, float]]] = {}
         lending = self.policy.spec.lends_idle_blocks
         record = self.store.get(node)
-        uuid_at: dict[int, str] = {}
         unread: dict[int, set[str]] = {}
         if record is not None:
             d = record.digest
-            uuid_at = dict(zip(map(int, d.column("index")), d.uuids, strict=True))
             for index, used in zip(d.column("index"), d.column("memory_used_mib"), strict=True):
                 i = int(index)
                 ours = pods.get(i)
@@ -383,9 +378,6 @@ class ClusterState:
         if record is not None and lending:
             args = self.policy.spec.memory
             lent = self.lending.lent(node, record.received_at, owners, args, unread)
-        self._lent[node] = {uuid_at[i]: n for i, n in lent.items() if i in uuid_at}
-        if not self._lent[node]:
-            del self._lent[node]
         # Best-effort pods sit in lent blocks first: the GPU's own free room is what is left
         # after those they fill (pods of other classes may take it).
         best_effort: dict[int, int] = {}
@@ -402,7 +394,13 @@ class ClusterState:
 
         The agent's device plugin advertises them to kubelet.
         """
-        return dict(self._lent.get(node, {}))
+        row = self.table.row(node)
+        if not self.policy.spec.lends_idle_blocks or row is None:
+            return {}
+        lent = self.table.column("lent_blocks")[row]
+        at = np.flatnonzero(lent).tolist()
+        uuids = self.gpu_uuids(node, at) if at else ()
+        return {u: int(lent[i]) for u, i in zip(uuids, at, strict=True) if u}
 
     def borrowers_to_evict(self) -> list[tuple[Assignment, int]]:
         """Best-effort pods to evict to give back lent blocks an owner needs again.
