@@ -397,7 +397,8 @@ class Agent:
                 self._uuid_at[r.index] = r.uuid
                 if r.memory_total_mib is not None:
                     self._blocks[r.uuid] = int(r.memory_total_mib // self.block_mib)
-                if r.vendor not in (None, "nvidia"):
+                if r.vendor not in (None, "nvidia") and not self._nodes.get(r.uuid):
+                    # Looked up in sysfs until found, then kept while the agent runs.
                     self._nodes[r.uuid] = device_nodes(r.vendor, r.pci_bus_id, self.sys_root)
             nodes = self._nodes.get(uuid)
             if nodes == ():  # an AMD or Intel GPU whose device nodes were not found
