@@ -2,7 +2,9 @@
 
 Power follows utilisation and the applied clock / power limit; temperature follows power with a
 time constant. Scripted scenarios make the faults an operator must trust the agent with happen
-on cue. Used by ``make run``, the tests and the benchmarks. Imports ``model`` and ``errors``.
+on cue (``scenario_after_s`` after ``open``) and hold them until the agent restarts, or, for
+``xid-79``, until a passing self-test resets the GPU. Used by ``make run``, the tests and the
+benchmarks. Imports ``model``, ``errors`` and ``selftest``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ OTHER_MODELS: Final = (
 TIME_CONSTANT_S: Final = 40.0
 """How fast temperature follows power (a heatsink-sized thermal mass)."""
 
+XID_REPEAT_S: Final = 60.0
+"""How often the ``xid-79`` GPU raises its XID again until a self-test resets it: well inside
+the agent's 300 s hold of a fatal XID, so that the GPU stays unhealthy for as long as the fault
+lasts, not for a fixed time after it began."""
+
 
 @dataclass(slots=True)
 class _Gpu:
@@ -110,7 +117,10 @@ class _Gpu:
     locked_clock_mhz: float | None = None
     ecc_uncorrected: int = 0
     lost: bool = False
-    xid_sent: bool = False
+    xid_next_at: float | None = None
+    """When the XID is raised again (None: not raised yet)."""
+    xid_reset: bool = False
+    """A passing self-test reset the GPU after its XID: no XID from it since."""
     last_t: float | None = None
     rng: random.Random = field(default_factory=random.Random)
 
@@ -315,11 +325,19 @@ class SimulatedBackend:
         return NodeChecks(driver_ok=True, device_nodes_ok=True, cuda_ctx_success_ratio=1.0)
 
     def poll_xids(self, now: float) -> list[XidEvent]:
-        """XID 79 once on GPU 0 in the ``xid-79`` scenario."""
-        if self.scenario == "xid-79" and self._in_fault() and not self._gpus[0].xid_sent:
-            self._gpus[0].xid_sent = True
-            return [XidEvent(index=0, xid=79, at=now)]
-        return []
+        """XID 79 on GPU 0 in the ``xid-79`` scenario, raised until the GPU is reset.
+
+        Raised when the fault starts and every ``XID_REPEAT_S`` after, until a passing
+        self-test resets the GPU (a restarted agent starts the scenario over).
+        """
+        if self.scenario != "xid-79" or not self._in_fault():
+            return []
+        gpu = self._gpus[0]
+        t = self._clock()
+        if gpu.xid_reset or (gpu.xid_next_at is not None and t < gpu.xid_next_at):
+            return []
+        gpu.xid_next_at = t + XID_REPEAT_S
+        return [XidEvent(index=0, xid=79, at=now)]
 
     # -- control ----------------------------------------------------------------------------
     def capabilities(self, index: int) -> Capabilities:
@@ -364,11 +382,14 @@ class SimulatedBackend:
     def self_test(self) -> dict[str, Any]:
         """A lost GPU or one with uncorrectable ECC errors fails; an XID alone passes.
 
-        As on real hardware once the driver has reset the GPU after an XID.
+        As on real hardware once the driver has reset the GPU after an XID: a GPU that raised
+        one raises it no more after a pass.
         """
         started = time.monotonic()
         checks = []
         for gpu in self._gpus:
             bad = "lost" if gpu.lost else "uncorrectable ECC errors" if gpu.ecc_uncorrected else ""
             checks.append(Check(f"simulated-gpu{gpu.index}", "fail" if bad else "pass", bad))
+            if not bad and gpu.xid_next_at is not None:
+                gpu.xid_reset = True
         return verdict_of(checks, len(checks), started)

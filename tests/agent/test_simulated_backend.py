@@ -1,7 +1,7 @@
 import pytest
 
 from node_agent.backends import load_backend
-from node_agent.backends.simulated import SimulatedBackend
+from node_agent.backends.simulated import XID_REPEAT_S, SimulatedBackend
 from node_agent.errors import BackendUnavailable, NotSupported
 
 
@@ -87,6 +87,36 @@ def test_xid_79_and_ecc_happen_once_the_fault_starts():
     e, ce = make("ecc")
     ce.t += 21
     assert e.read(0).ecc_uncorrected == 2
+
+
+def test_xid_79_is_raised_again_while_the_fault_lasts_however_long_that_is():
+    b, clock = make("xid-79")
+    clock.t += 21
+    raised = []
+    for _ in range(3600):  # an hour of one-second polls
+        raised += [(round(clock.t - 121.0), e.xid) for e in b.poll_xids(clock.t)]
+        clock.t += 1.0
+    assert raised == [(int(k * XID_REPEAT_S), 79) for k in range(60)]
+
+
+def test_a_passing_self_test_resets_the_xid_79_gpu_and_a_restart_faults_it_again():
+    b, clock = make("xid-79", gpus=2)
+    clock.t += 21
+    assert b.poll_xids(clock.t)
+    assert b.self_test()["verdict"] == "pass"
+    for _ in range(10):
+        clock.t += XID_REPEAT_S
+        assert b.poll_xids(clock.t) == []
+    b.open()  # the agent restarts: the scenario starts over
+    clock.t += 21
+    assert [e.xid for e in b.poll_xids(clock.t)] == [79]
+
+
+def test_a_self_test_before_the_xid_does_not_stop_it():
+    b, clock = make("xid-79")
+    assert b.self_test()["verdict"] == "pass"
+    clock.t += 21
+    assert [e.xid for e in b.poll_xids(clock.t)] == [79]
 
 
 def test_unsupported_fields_are_none_and_setters_refuse():
