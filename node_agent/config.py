@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_agent.backends.simulated import SCENARIOS
 from node_agent.health import DEFAULT_FATAL_XIDS
+from node_agent.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
 
 
 class AgentSettings(BaseSettings):
@@ -65,9 +66,11 @@ class AgentSettings(BaseSettings):
         4096, gt=0, description="MiB per memory block until an extender says its policy's."
     )
     reboot_sentinel: Path | None = Field(
-        None,
-        description="File written when the extender decides the node must reboot (kured's "
-        "sentinel is the host's /var/run/reboot-required); unset = only logged.",
+        DEFAULT_SENTINEL,
+        description="Our own file, written when the extender decides the node must reboot and "
+        f"withdrawn after {WITHDRAW_AFTER_ROUNDS} rounds in which every extender answered "
+        "without asking; point kured's --reboot-sentinel here. Its folder must exist (a hostPath "
+        "in the DaemonSet); unset = only logged.",
     )
     # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline).
     max_temp_c: float = Field(85.0, gt=0, le=150, description="°C: thermal protection starts here.")

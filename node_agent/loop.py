@@ -31,7 +31,8 @@ from node_agent.model import (
     PowerAction,
     Snapshot,
 )
-from node_agent.push import Pusher, PushOutcome
+from node_agent.push import Ask, Pusher, PushOutcome
+from node_agent.reboot import RebootSentinel
 from scheduler_extender.telemetry.schema import GpuReport, TelemetryReport
 
 DEFAULT_HOT_THRESHOLD_C = 85.0
@@ -142,7 +143,8 @@ class Agent:
         """The extender's maxTemp, as its last answer said."""
         self._hot_at: dict[str, float] = {}
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
-        self.reboot_sentinel = reboot_sentinel
+        self.reboot = RebootSentinel(reboot_sentinel)
+        """The reboot sentinel, written and withdrawn as the extender's answers ask."""
         self.block_mib = block_mib
         """MiB per memory block: the policy's, once an extender said it."""
         self.host_boot_id = host_boot_id
@@ -161,8 +163,8 @@ class Agent:
         self.self_test: dict[str, str] | None = None
         """The verdict of the last self-test the extender asked for: id, verdict, detail."""
         self._testing: asyncio.Task[None] | None = None
-        self._asked: dict[str, str] = {}
-        """The last request id acted on, by kind (``self_test``, ``reboot``)."""
+        self._asked_test: str | None = None
+        """The last self-test request id acted on."""
 
     # -- one round --------------------------------------------------------------------------
     def sample(self) -> Snapshot:
@@ -361,7 +363,9 @@ class Agent:
         if self.device_plugin is not None:
             await self.device_plugin.update(self._block_devices(snap, healths))
         outcome = None
-        if self.pusher is not None:
+        if self.pusher is None:
+            self.reboot.follow(None, self.boot, every_replica_answered=False)
+        else:
             outcome = await self.pusher.push(report.to_json_bytes())
             for url, result in outcome.results.items():
                 self.metrics.pushes.labels(url, result).inc()
@@ -370,11 +374,12 @@ class Agent:
             lend_changed, self._lend = outcome.lend != self._lend, outcome.lend
             if lend_changed and self.device_plugin is not None:
                 await self.device_plugin.update(self._block_devices(snap, healths))
-            if any(r in ("ok", "ignored") for r in outcome.results.values()):
+            answered = [r in ("ok", "ignored") for r in outcome.results.values()]
+            if any(answered):
                 self._boost = outcome.performance_gpus
                 if outcome.max_temp_c is not None:
                     self.hot_threshold_c = outcome.max_temp_c
-            self._follow(outcome.asks)
+            self._follow(outcome.asks, every_replica_answered=bool(answered) and all(answered))
             if outcome.policy:
                 self.follow_policy(outcome.policy)
             if "ignored" in outcome.results.values():
@@ -439,16 +444,18 @@ class Agent:
             )  # fmt: skip
             self.health_args, self.power_args = health_args, power_args
 
-    def _follow(self, asks: dict[str, str]) -> None:
-        """Start a requested self-test, or write the reboot sentinel, once per request id."""
+    @property
+    def boot(self) -> str:
+        """The boot this agent reports: the host's, else its own (what a reboot ask names)."""
+        return self.host_boot_id or self.boot_id
+
+    def _follow(self, asks: dict[str, Ask], *, every_replica_answered: bool) -> None:
+        """Start a requested self-test once per id; write or withdraw the reboot sentinel."""
         test = asks.get("self_test")
-        if test and test != self._asked.get("self_test") and self._testing is None:
-            self._asked["self_test"] = test
-            self._testing = asyncio.create_task(self._run_self_test(test))
-        reboot = asks.get("reboot")
-        if reboot and reboot != self._asked.get("reboot"):
-            self._asked["reboot"] = reboot
-            self.request_reboot(reboot)
+        if test and test.id != self._asked_test and self._testing is None:
+            self._asked_test = test.id
+            self._testing = asyncio.create_task(self._run_self_test(test.id))
+        self.reboot.follow(asks.get("reboot"), self.boot, every_replica_answered)
 
     async def _run_self_test(self, request: str) -> None:
         started = self.clock()
@@ -474,20 +481,6 @@ class Agent:
             log.warning("self-test %s: %s %s", request, verdict, detail)
         finally:
             self._testing = None
-
-    def request_reboot(self, request: str) -> None:
-        """Write the reboot sentinel (kured and similar tools reboot the node when it exists)."""
-        if self.reboot_sentinel is None:
-            log.error("the extender decided this node must reboot (%s); no sentinel set", request)
-            return
-        try:
-            self.reboot_sentinel.write_text(f"edgegpu remediation {request}\n", encoding="utf-8")
-        except OSError as exc:
-            where = self.reboot_sentinel
-            log.error("reboot requested (%s): cannot write %s: %s", request, where, exc)
-            return
-        log.error("the extender decided this node must reboot (%s): wrote %s", request,
-                  self.reboot_sentinel)  # fmt: skip
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds every ``interval_s`` until ``stop`` is set; no error ends the loop."""

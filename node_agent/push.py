@@ -27,6 +27,28 @@ log = logging.getLogger("node_agent.push")
 PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request of the extender's fault loop (``self_test`` or ``reboot``)."""
+
+    id: str
+    boot: str | None = None
+    """The boot the decision was made for (the host's boot id, else the agent's); None when
+    the answer does not say (an older extender, or a self-test)."""
+
+
+def _ask(doc: object) -> Ask | None:
+    """An answer's request: a plain id, or ``{"id": …, "boot": …}`` (``boot`` optional)."""
+    if isinstance(doc, str):
+        return Ask(doc[:64]) if doc else None
+    if not isinstance(doc, dict):
+        return None
+    request, boot = doc.get("id"), doc.get("boot")
+    if not isinstance(request, str) or not request:
+        return None
+    return Ask(request[:64], boot[:64] if isinstance(boot, str) and boot else None)
+
+
 @dataclass(slots=True)
 class _Target:
     base: str
@@ -42,8 +64,8 @@ class _Target:
     last_error: str = ""
     max_temp_c: float | None = None
     """The extender's maxTemp, from its last answer."""
-    asks: dict[str, str] = field(default_factory=dict)
-    """The remediation requests of its last answer: ``self_test`` / ``reboot`` → id."""
+    asks: dict[str, Ask] = field(default_factory=dict)
+    """The remediation requests of its last answer: ``self_test`` / ``reboot`` → the ask."""
     policy: dict[str, float | bool] | None = None
     """The policy its last answer said the agent's local protection should follow."""
     lend: dict[str, int] = field(default_factory=dict)
@@ -59,8 +81,8 @@ class PushOutcome:
     """GPUs the extender says hold high-QoS pods (restore full clocks)."""
     max_temp_c: float | None = None
     """The lowest ``maxTemp`` the extenders answered with (what counts as hot)."""
-    asks: dict[str, str] = field(default_factory=dict)
-    """What the extenders asked this round: ``self_test`` / ``reboot`` → request id."""
+    asks: dict[str, Ask] = field(default_factory=dict)
+    """What the extenders asked this round: ``self_test`` / ``reboot`` → the ask."""
     policy: dict[str, float | bool] | None = None
     """The policy in force as an extender answered it (``max_temp_c``, ``cool_down_s``,
     ``power_saving``, ``power_saving_threshold_pct``; each only when valid)."""
@@ -190,10 +212,10 @@ class Pusher:
         target.policy = _policy(payload.get("policy") if isinstance(payload, dict) else None)
         target.lend = _lend(payload.get("lend_blocks") if isinstance(payload, dict) else None)
         target.asks = {}
-        for ask in ("self_test", "reboot"):
-            request = payload.get(ask) if isinstance(payload, dict) else None
-            if isinstance(request, dict) and isinstance(request.get("id"), str):
-                target.asks[ask] = request["id"][:64]
+        for kind in ("self_test", "reboot"):
+            ask = _ask(payload.get(kind) if isinstance(payload, dict) else None)
+            if ask is not None:
+                target.asks[kind] = ask
         return ("ok" if accepted else "ignored"), boost
 
     def _failed(self, target: _Target, now: float, error: str) -> PushResult:
@@ -256,7 +278,7 @@ class Pusher:
         done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
         boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
-        asks: dict[str, str] = {}
+        asks: dict[str, Ask] = {}
         policy = None
         lends: list[dict[str, int]] = []
         for t, (result, _) in zip(targets, done, strict=True):

@@ -227,16 +227,16 @@ _SUBSTITUTIONS = (
     ),
     Value(
         "node-agent/daemonset.yaml",
-        "            - {name: host-run, mountPath: /host/var/run}\n",
-        "            - {name: host-run, mountPath: /host/var/run}\n"
+        "            - {name: reboot-sentinel, mountPath: /var/run/edgegpu}\n",
+        "            - {name: reboot-sentinel, mountPath: /var/run/edgegpu}\n"
         f"            {_TLS_BLOCK}\n"
         f"            - {{name: tls, mountPath: {_TLS_DIR}, readOnly: true}}\n"
         "            {{- end }}\n",
     ),
     Value(
         "node-agent/daemonset.yaml",
-        "          hostPath: {path: /var/run, type: Directory}\n",
-        "          hostPath: {path: /var/run, type: Directory}\n"
+        "          hostPath: {path: /var/run/edgegpu, type: DirectoryOrCreate}\n",
+        "          hostPath: {path: /var/run/edgegpu, type: DirectoryOrCreate}\n"
         f"        {_TLS_BLOCK}\n  {_CA_VOLUME}"
         "        {{- end }}\n",
     ),
