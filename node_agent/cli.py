@@ -30,6 +30,7 @@ from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
 from node_agent.push import FlappingLinkTransport, Pusher
+from node_agent.state import StateFile
 from scheduler_extender import logs
 from scheduler_extender.flags import SettingsCli
 
@@ -144,6 +145,10 @@ async def _run(
             reboot_sentinel=settings.reboot_sentinel,
             block_mib=settings.block_mib,
             host_boot_id=host_boot_id(),
+            # The block size matters to the device plugin alone: kept only where it runs.
+            state=StateFile(settings.state_dir, settings.node_name)
+            if settings.state_dir is not None and settings.device_plugin and not ns.once
+            else None,
         )
         plugin_server = None
         if settings.device_plugin and not ns.once:

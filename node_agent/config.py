@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_agent.backends.simulated import SCENARIOS
 from node_agent.health import DEFAULT_FATAL_XIDS
+from node_agent.model import DEFAULT_BLOCK_MIB
 from node_agent.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
 
 
@@ -62,8 +63,16 @@ class AgentSettings(BaseSettings):
         description="kubelet's PodResources API: which containers hold blocks already (after "
         "an agent restart); unset = not asked.",
     )
-    block_mib: int = Field(
-        4096, gt=0, description="MiB per memory block until an extender says its policy's."
+    block_mib: int | None = Field(
+        None,
+        gt=0,
+        description="MiB per memory block until an extender says its policy's, when the state "
+        f"file does not hold the last it said; unset = the policy's default ({DEFAULT_BLOCK_MIB}).",
+    )
+    state_dir: Path | None = Field(
+        Path("/var/lib/edgegpu"),
+        description="Folder of what the device plugin keeps across restarts (the block size the "
+        "extender last said; a hostPath in the DaemonSet); unset = nothing kept.",
     )
     reboot_sentinel: Path | None = Field(
         DEFAULT_SENTINEL,

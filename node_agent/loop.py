@@ -33,6 +33,7 @@ from node_agent.model import (
 )
 from node_agent.push import Ask, Pusher, PushOutcome
 from node_agent.reboot import RebootSentinel
+from node_agent.state import StateFile, starting_block_mib
 from scheduler_extender.telemetry.schema import GpuReport, TelemetryReport
 
 DEFAULT_HOT_THRESHOLD_C = 85.0
@@ -120,8 +121,9 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         reboot_sentinel: Path | None = None,
-        block_mib: int = 4096,
+        block_mib: int | None = None,
         host_boot_id: str | None = None,
+        state: StateFile | None = None,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -145,8 +147,12 @@ class Agent:
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (``clock``)."""
         self.reboot = RebootSentinel(reboot_sentinel)
         """The reboot sentinel, written and withdrawn as the extender's answers ask."""
-        self.block_mib = block_mib
-        """MiB per memory block: the policy's, once an extender said it."""
+        self.state = state
+        """Where the block size an extender said is kept for the next start; None: nowhere."""
+        self._kept_block_mib = state.block_mib() if state is not None else None
+        # MiB per memory block, as kubelet is told: the policy's, once an extender said it.
+        self.block_mib, source = starting_block_mib(self._kept_block_mib, block_mib)
+        log.info("memory blocks of %d MiB (%s) until an extender answers", self.block_mib, source)
         self.host_boot_id = host_boot_id
         """The host's boot id, sent with every report (a new one: the node rebooted)."""
         self.device_plugin: BlockPlugin | None = None
@@ -435,7 +441,7 @@ class Agent:
         )
         block_mib = policy.get("memory_block_mib")
         if isinstance(block_mib, float) and block_mib >= 1:
-            self.block_mib = int(block_mib)
+            self._follow_block_mib(int(block_mib))
         if power_args != p or health_args != self.health_args:
             log.info(
                 "policy from the extender: maxTemp %g °C, cool-down %g s, power saving %s at "
@@ -448,6 +454,16 @@ class Agent:
     def boot(self) -> str:
         """The boot this agent reports: the host's, else its own (what a reboot ask names)."""
         return self.host_boot_id or self.boot_id
+
+    def _follow_block_mib(self, block_mib: int) -> None:
+        """The policy's block size; kept in the state file when it is not what is kept."""
+        if block_mib != self.block_mib:
+            log.warning("memory blocks of %d MiB from now on (the extender's policy; was %d)",
+                        block_mib, self.block_mib)  # fmt: skip
+            self.block_mib = block_mib
+        if self.state is not None and block_mib != self._kept_block_mib:
+            self.state.save_block_mib(block_mib)  # tried once per size: a failure is logged
+            self._kept_block_mib = block_mib
 
     def _follow(self, asks: dict[str, Ask], *, every_replica_answered: bool) -> None:
         """Start a requested self-test once per id; write or withdraw the reboot sentinel."""

@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+DEFAULT_BLOCK_MIB = 4096
+"""MiB per ``edgegpu.io/gpu-mem-block`` when neither an extender nor the agent's state says
+otherwise: the policy's default ``spec.memory.blockMiB`` (the agent may not import the policy;
+a test keeps the two equal)."""
+
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:

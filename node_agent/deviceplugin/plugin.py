@@ -6,10 +6,10 @@ pod at bind; ``GetPreferredAllocation`` steers kubelet to blocks of that GPU (th
 this node asking that many blocks, the oldest assigned first, as the extender's
 ``/v1/nodes/{node}/assignments`` lists them), and ``Allocate`` gives the container the GPU its
 blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an AMD or Intel GPU's device nodes) and the
-memory budget. A GPU the agent finds unhealthy
-has its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when it recovers, with no
-restart. When kubelet restarts it removes every plugin socket: the server notices, starts again
-and registers again.
+memory budget. The first ``ListAndWatch`` answer waits for the agent's first sample. A GPU the
+agent finds unhealthy has its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when
+it recovers, with no restart. When kubelet restarts it removes every plugin socket: the server
+notices, starts again and registers again.
 """
 
 from __future__ import annotations
@@ -154,13 +154,14 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         self._clock = clock
         self._gpus: tuple[GpuBlocks, ...] = ()
         self._version = 0
+        """0 until the agent's first sampling round: nothing is streamed before it."""
         self._changed = asyncio.Condition()
         self._claimed: dict[str, float] = {}
 
     async def update(self, gpus: Sequence[GpuBlocks]) -> None:
         """The GPUs as the agent reads them now: ``ListAndWatch`` streams a change at once."""
         new = tuple(gpus)
-        if new == self._gpus:
+        if new == self._gpus and self._version:
             return
         for old, cur in zip(self._gpus, new, strict=False):
             if old.uuid == cur.uuid and old.healthy != cur.healthy:
@@ -192,8 +193,11 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: Any
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        """The devices now, then again on every change, until kubelet hangs up."""
-        seen = [-1]
+        """The devices once the agent has sampled its GPUs, then again on every change.
+
+        Until kubelet hangs up; never an empty list for want of a first sample.
+        """
+        seen = [0]
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._version != seen[0])

@@ -74,6 +74,21 @@ class Kubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         return channel, api_pb2_grpc.DevicePluginStub(channel)
 
 
+class Refused(Exception):
+    """What ``context.abort`` raises: the call ends with this status and message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class Context:
+    """The servicer context of a call made without a server: ``abort`` ends it, as gRPC's."""
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Refused(code, details)
+
+
 async def until(check: Any, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():
@@ -493,3 +508,19 @@ async def test_a_slow_driver_read_does_not_hold_up_kubelets_calls() -> None:
     await agent.device_plugin.GetPreferredAllocation(request, None)
     assert time.monotonic() - started < 0.3 and not sampling.done()
     await sampling
+
+
+async def test_the_first_list_and_watch_answer_waits_for_the_first_sample() -> None:
+    plugin = BlockPlugin(_nothing, lambda: 4096)
+    stream = plugin.ListAndWatch(api_pb2.Empty(), Context())
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    assert not first.done()  # kubelet is told nothing rather than "no devices"
+    await plugin.update(GPUS)  # the agent's first round
+    assert len((await asyncio.wait_for(first, 5.0)).devices) == 6
+    await stream.aclose()
+    empty = BlockPlugin(_nothing, lambda: 4096)
+    stream = empty.ListAndWatch(api_pb2.Empty(), Context())
+    await empty.update([])  # a node whose first sample found no GPU is told so
+    assert list((await asyncio.wait_for(anext(stream), 5.0)).devices) == []
+    await stream.aclose()

@@ -236,6 +236,21 @@ def test_the_agents_arguments_are_flags_it_takes_and_valid_settings(monkeypatch)
     assert not own.once
 
 
+def test_the_agent_writes_on_the_host_only_in_folders_of_its_own(monkeypatch):
+    """The reboot sentinel and the kept block size sit in folders mounted for them alone: not
+    the host's /var/run, whose /var/run/reboot-required is unattended-upgrades' too."""
+    pod = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    monkeypatch.setenv("NODE_NAME", "gpu-1")
+    settings, _ = agent_command_line().parse(c["args"])
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert settings.reboot_sentinel is not None and settings.state_dir is not None
+    for folder in (settings.reboot_sentinel.parent, settings.state_dir):
+        assert host[mounts[str(folder)]] == str(folder)
+    assert "/var/run" not in host.values() and "/run" not in host.values()
+
+
 def test_agents_push_to_every_extender_on_its_port():
     (c,) = by_kind("Deployment", "edgegpu-extender")["spec"]["template"]["spec"]["containers"]
     http = next(p for p in c["ports"] if p["name"] == "http")
