@@ -20,11 +20,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from node_agent.deviceplugin.plugin import Assigned
+from node_agent.deviceplugin.plugin import LOOKUP_TIMEOUT_S, Assigned
 
 log = logging.getLogger("node_agent.push")
 
 PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
+ASSIGNMENTS_TIMEOUT_S = 0.75 * LOOKUP_TIMEOUT_S
+"""How long one replica may take to list the node's assignments: the others' answers still
+count within the device plugin's wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,47 +232,63 @@ class Pusher:
     def assignments(self, node: str) -> Callable[[], Awaitable[list[Assigned] | None]]:
         """The device plugin's lookup of the node's GPU assignments.
 
-        From the first extender replica that answers; None when none does.
+        Every extender replica is asked at once, and their answers are merged: a replica that
+        did not bind a pod learns of it by its watch, and may not list it yet when kubelet
+        admits it. None when no replica answers within ``ASSIGNMENTS_TIMEOUT_S``.
         """
 
         async def lookup() -> list[Assigned] | None:
             headers = self._headers()
             targets = await self._replicas() if self._resolve_all else self._targets
-            for t in targets:
-                url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/assignments"
-                extra = {"host": t.host} if t.host is not None else {}
-                try:
-                    resp = await self._client.get(
-                        url, headers={**headers, **extra}, extensions=_tls_name(t)
-                    )
-                except httpx.HTTPError as exc:
-                    log.warning("assignments from %s: %s", url, exc)
-                    continue
-                if resp.status_code != 200:
-                    log.warning("assignments from %s: HTTP %d %s", url, resp.status_code,
-                                resp.text[:200])  # fmt: skip
-                    continue
-                try:
-                    rows = resp.json()["assignments"]
-                    return [
-                        Assigned(
-                            str(r["uid"]),
-                            str(r["namespace"]),
-                            str(r["name"]),
-                            str(r["gpu_uuids"][0]),
-                            int(r["blocks"]),
-                            float(r["assigned_at"]),
-                            r.get("phase"),
-                            tuple(int(b) for b in r.get("containers") or ()),
-                        )
-                        for r in rows
-                        if r.get("gpu_uuids") and r["gpu_uuids"][0]
-                    ]
-                except (ValueError, KeyError, TypeError, IndexError) as exc:
-                    log.warning("assignments from %s: not understood: %s", url, exc)
-            return None
+            answers = await asyncio.gather(*(self._assignments(t, node, headers) for t in targets))
+            found = [rows for rows in answers if rows is not None]
+            if not found:
+                return None
+            merged: dict[str, Assigned] = {}
+            for rows in found:
+                for row in rows:
+                    merged.setdefault(row.uid, row)
+            return list(merged.values())
 
         return lookup
+
+    async def _assignments(
+        self, t: _Target, node: str, headers: dict[str, str]
+    ) -> list[Assigned] | None:
+        """One replica's answer to ``/v1/nodes/{node}/assignments``; None when it gives none."""
+        url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/assignments"
+        extra = {"host": t.host} if t.host is not None else {}
+        try:
+            async with asyncio.timeout(ASSIGNMENTS_TIMEOUT_S):
+                resp = await self._client.get(
+                    url, headers={**headers, **extra}, extensions=_tls_name(t)
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.warning("assignments from %s: %s", url, f"{type(exc).__name__}: {exc}")
+            return None
+        if resp.status_code != 200:
+            log.warning("assignments from %s: HTTP %d %s", url, resp.status_code,
+                        resp.text[:200])  # fmt: skip
+            return None
+        try:
+            rows = resp.json()["assignments"]
+            return [
+                Assigned(
+                    str(r["uid"]),
+                    str(r["namespace"]),
+                    str(r["name"]),
+                    str(r["gpu_uuids"][0]),
+                    int(r["blocks"]),
+                    float(r["assigned_at"]),
+                    r.get("phase"),
+                    tuple(int(b) for b in r.get("containers") or ()),
+                )
+                for r in rows
+                if r.get("gpu_uuids") and r["gpu_uuids"][0]
+            ]
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            log.warning("assignments from %s: not understood: %s", url, exc)
+            return None
 
     async def push(self, body: bytes) -> PushOutcome:
         """Send one report body to every URL that is not backing off, concurrently."""

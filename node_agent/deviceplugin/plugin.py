@@ -6,10 +6,11 @@ pod at bind; ``GetPreferredAllocation`` steers kubelet to blocks of that GPU (th
 this node asking that many blocks, the oldest assigned first, as the extender's
 ``/v1/nodes/{node}/assignments`` lists them), and ``Allocate`` gives the container the GPU its
 blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an AMD or Intel GPU's device nodes) and the
-memory budget. The first ``ListAndWatch`` answer waits for the agent's first sample. A GPU the
-agent finds unhealthy has its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when
-it recovers, with no restart. When kubelet restarts it removes every plugin socket: the server
-notices, starts again and registers again.
+memory budget, only where that GPU is the one chosen at bind: otherwise, or when the choice is
+not known, it fails and says why. The first ``ListAndWatch`` answer waits for the agent's first
+sample. A GPU the agent finds unhealthy has its blocks marked Unhealthy in ``ListAndWatch`` and
+Healthy again when it recovers, with no restart. When kubelet restarts it removes every plugin
+socket: the server notices, starts again and registers again.
 """
 
 from __future__ import annotations
@@ -35,10 +36,18 @@ KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 LOOKUP_TIMEOUT_S = 2.0
-"""How long admission may wait for the extender's assignments (then: tightest fit)."""
+"""How long admission may wait for the extender's assignments (then: no GPU to steer to, and
+``Allocate`` fails)."""
 CLAIM_TTL_S = 600.0
 """A pod matched to an allocation is not matched again for this long (kubelet admits a pod
-once; if its allocation failed, the pod is retried after this)."""
+once; a pod whose allocation failed is failed, and its owner makes a new one)."""
+OFFER_TTL_S = 30.0
+"""How long a preferred allocation's match waits for its ``Allocate`` (kubelet sends it right
+after, for the same container)."""
+MAX_OFFERS = 64
+"""Matches kept for the ``Allocate`` calls to come (kubelet admits one container at a time)."""
+MAX_REQUEST_IDS = 65_536
+"""Device IDs one preferred allocation request may name (kubelet names at most the node's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +122,7 @@ def gpu_of(device: str) -> str:
 def preferred(
     available: Sequence[str], must: Sequence[str], size: int, target: str | None
 ) -> list[str]:
-    """``size`` blocks, all on one GPU where possible.
+    """``size`` blocks, all on one GPU where possible; linear in the number of IDs.
 
     The GPU of ``must`` if given, else ``target`` (the extender's choice) if it has room, else
     the GPU that fits most tightly.
@@ -128,13 +137,28 @@ def preferred(
     else:
         fits = [g for g, ds in by_gpu.items() if len(ds) >= size]
         gpu = min(fits, key=lambda g: (len(by_gpu[g]), g)) if fits else ""
-    chosen = list(dict.fromkeys([*must, *by_gpu.get(gpu, ())]))[:size]
-    for device in available:  # not enough on one GPU: kubelet will refuse or spread anyway
+    chosen: dict[str, None] = {}  # ordered, and membership in constant time
+    for device in (*must, *by_gpu.get(gpu, ()), *available):
+        # The chosen GPU's blocks; not enough on one GPU: kubelet will refuse or spread anyway.
         if len(chosen) >= size:
             break
-        if device not in chosen:
-            chosen.append(device)
-    return chosen
+        chosen.setdefault(device)
+    return list(chosen)
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    """What one container's request was matched to.
+
+    A pending pod's container and its GPU, or why none.
+    """
+
+    size: int
+    at: float
+    pod: Assigned | None = None
+    container: int = 0
+    code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION
+    why: str = ""
 
 
 class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
@@ -153,10 +177,16 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         self._block_mib = block_mib
         self._clock = clock
         self._gpus: tuple[GpuBlocks, ...] = ()
+        self._advertised: frozenset[str] = frozenset()
         self._version = 0
         """0 until the agent's first sampling round: nothing is streamed before it."""
         self._changed = asyncio.Condition()
         self._claimed: dict[str, float] = {}
+        self._offers: list[_Match] = []
+        """Matches made by ``GetPreferredAllocation``, for the ``Allocate`` that follows."""
+        self._given: dict[str, float] = {}
+        """Devices given by an accepted ``Allocate``, and when (an init container's blocks
+        are given again to the app container, with no preferred allocation before)."""
 
     async def update(self, gpus: Sequence[GpuBlocks]) -> None:
         """The GPUs as the agent reads them now: ``ListAndWatch`` streams a change at once."""
@@ -170,6 +200,7 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
                 )
         async with self._changed:
             self._gpus, self._version = new, self._version + 1
+            self._advertised = frozenset(d.ID for d in self.devices())
             self._changed.notify_all()
 
     def devices(self) -> list[api_pb2.Device]:
@@ -208,11 +239,27 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
         """Blocks on the GPU the extender chose for the pod being admitted."""
+        for req in request.container_requests:
+            if max(req.allocation_size, len(req.available_deviceIDs),
+                   len(req.must_include_deviceIDs)) > MAX_REQUEST_IDS:  # fmt: skip
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"more than {MAX_REQUEST_IDS} device IDs in one request",
+                )
         assigned = await self._safe_lookup()
-        held = (await self._held() if self._held is not None else None) or {}
+        held = await self._holders()
         out = []
         for req in request.container_requests:
-            target = self._claim(assigned, req.allocation_size, held)
+            match = self._match(assigned, req.allocation_size, held)
+            self._offers = [*self._offers[-(MAX_OFFERS - 1) :], match]
+            target = match.pod.gpu_uuid if match.pod is not None else None
+            if target is None:
+                log.warning(
+                    "preferred allocation of %d blocks: %s; the tightest fit is offered, and "
+                    "Allocate will refuse it unless an extender answers then",
+                    req.allocation_size,
+                    match.why,
+                )
             ids = preferred(
                 req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size, target
             )
@@ -222,24 +269,35 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
-        """The container gets the GPU its blocks are on, and its memory budget."""
+        """The container gets the GPU its blocks are on, and its memory budget.
+
+        Only blocks this plugin advertised, all of one GPU, and that GPU the one the extender
+        chose at bind for the pod being admitted; anything else fails with the reason (kubelet
+        fails the pod's admission with it, and the pod's owner makes a new one).
+        """
         out = []
         for req in request.container_requests:
-            gpus = sorted({gpu_of(d) for d in req.devices_ids})
-            if len(gpus) != 1:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"memory blocks must be on one GPU; these are on {len(gpus)}: {gpus}",
-                )
-            budget = len(req.devices_ids) * self._block_mib()
-            envs = {"EDGEGPU_GPU_UUID": gpus[0], "EDGEGPU_MEM_LIMIT_MIB": str(budget)}
-            nodes = next((g.device_nodes for g in self._gpus if g.uuid == gpus[0]), ())
+            ids = list(req.devices_ids)
+            problem = self._invalid(ids)
+            if problem:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            gpu = gpu_of(ids[0])
+            refused = await self._refusal(ids, gpu)
+            if refused is not None:
+                log.warning("allocate refused: %s", refused[1])
+                await context.abort(*refused)
+            now = self._clock()
+            self._given = {d: t for d, t in self._given.items() if now - t < CLAIM_TTL_S}
+            self._given.update(dict.fromkeys(ids, now))
+            budget = len(ids) * self._block_mib()
+            envs = {"EDGEGPU_GPU_UUID": gpu, "EDGEGPU_MEM_LIMIT_MIB": str(budget)}
+            nodes = next((g.device_nodes for g in self._gpus if g.uuid == gpu), ())
             if not nodes:
-                envs["NVIDIA_VISIBLE_DEVICES"] = gpus[0]
+                envs["NVIDIA_VISIBLE_DEVICES"] = gpu
             specs = [
                 api_pb2.DeviceSpec(container_path=n, host_path=n, permissions="rw") for n in nodes
             ]
-            log.info("allocate: %d blocks of %s (%d MiB)", len(req.devices_ids), gpus[0], budget)
+            log.info("allocate: %d blocks of %s (%d MiB)", len(ids), gpu, budget)
             out.append(api_pb2.ContainerAllocateResponse(envs=envs, devices=specs))
         return api_pb2.AllocateResponse(container_responses=out)
 
@@ -249,24 +307,91 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         """Nothing to do before a container starts."""
         return api_pb2.PreStartContainerResponse()
 
+    # -- checking an allocation -------------------------------------------------------------
+    def _invalid(self, ids: list[str]) -> str | None:
+        """Why kubelet's device IDs cannot be one container's blocks; None when they can."""
+        if not ids:
+            return "no device IDs to allocate"
+        if len(ids) > len(self._advertised):
+            return f"{len(ids)} device IDs, more than the {len(self._advertised)} advertised"
+        if len(set(ids)) != len(ids):
+            return f"device IDs given more than once among {len(ids)}"
+        unknown = [d for d in ids if d not in self._advertised]
+        if unknown:
+            return f"not devices this plugin advertised: {', '.join(unknown[:3])[:300]}"
+        gpus = sorted({gpu_of(d) for d in ids})
+        if len(gpus) != 1:
+            return f"memory blocks must be on one GPU; these are on {len(gpus)}: {gpus}"
+        return None
+
+    async def _refusal(self, ids: list[str], gpu: str) -> tuple[grpc.StatusCode, str] | None:
+        """Why these blocks are not the ones bind chose for the container being admitted.
+
+        The container is the one ``GetPreferredAllocation`` matched just before (kubelet calls
+        it right before ``Allocate``), else it is matched now the same way. Blocks given lately
+        and given again with no preferred allocation before are an init container's, reused by
+        the pod's app container.
+        """
+        now = self._clock()
+        size = len(ids)
+        self._offers = [m for m in self._offers if now - m.at < OFFER_TTL_S]
+        # The latest of that size: kubelet allocates right after its preferred allocation.
+        offer = next((m for m in reversed(self._offers) if m.size == size), None)
+        if offer is not None:
+            self._offers.remove(offer)
+        elif all(d in self._given and now - self._given[d] < CLAIM_TTL_S for d in ids):
+            log.info("allocate: %d blocks of %s given again (an init container's)", size, gpu)
+            return None
+        match = offer
+        if match is None or match.pod is None:
+            match = self._match(await self._safe_lookup(), size, await self._holders())
+        pod = match.pod
+        if pod is None:
+            why = f"{match.why}: the GPU chosen at bind is not known, and {size} blocks of {gpu}"
+            return match.code, f"{why} are not given on a guess"
+        if pod.gpu_uuid != gpu:
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"pod {pod.namespace}/{pod.name} (container {match.container}) was bound to GPU "
+                f"{pod.gpu_uuid}, but kubelet chose {size} blocks of GPU {gpu}"
+            )
+        return None
+
     # -- matching a request to the pod ------------------------------------------------------
-    async def _safe_lookup(self) -> list[Assigned]:
+    async def _safe_lookup(self) -> list[Assigned] | None:
+        """The extender's assignments on this node; None when no extender answered in time."""
         try:
             # kubelet admits pods one at a time and waits on us: never long.
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
                 found = await self._lookup()
         except TimeoutError:
             log.warning("no extender answered within %g s", LOOKUP_TIMEOUT_S)
-            found = None
+            return None
         except Exception as exc:
             log.warning("assignments lookup failed: %s", exc)
-            return []
+            return None
         if found is None:
-            log.warning("no extender answered: blocks are chosen without the bind's choice")
-        return found or []
+            log.warning("no extender answered with this node's GPU assignments")
+        return found
 
-    def _claim(self, assigned: list[Assigned], size: int, held: dict[str, int]) -> str | None:
-        """The GPU of the oldest pending pod with a container asking ``size`` blocks.
+    async def _holders(self) -> dict[str, int]:
+        return (await self._held() if self._held is not None else None) or {}
+
+    def _match(self, assigned: list[Assigned] | None, size: int, held: dict[str, int]) -> _Match:
+        """The oldest pending pod's container asking ``size`` blocks (``_claim``), or why none."""
+        now = self._clock()
+        if assigned is None:
+            return _Match(size, now, code=grpc.StatusCode.UNAVAILABLE,
+                          why="no extender answered with this node's GPU assignments")  # fmt: skip
+        found = self._claim(assigned, size, held)
+        if found is None:
+            return _Match(size, now, why=f"no pod bound here by the extender waits for a "
+                                         f"container of {size} blocks")  # fmt: skip
+        return _Match(size, now, found[0], found[1])
+
+    def _claim(
+        self, assigned: list[Assigned], size: int, held: dict[str, int]
+    ) -> tuple[Assigned, int] | None:
+        """The oldest pending pod with a container asking ``size`` blocks, and that container.
 
         Each container is matched once (kubelet allocates per container, in order): not the
         ones matched here lately, nor the first ``held[pod]`` block containers of a pod, which
@@ -287,8 +412,8 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             return None
         pod, k = min(pending, key=lambda p: (p[0].assigned_at, p[0].uid, p[1]))
         self._claimed[f"{pod.uid}/{k}"] = now
-        log.info("preferred allocation for %s/%s: %s", pod.namespace, pod.name, pod.gpu_uuid)
-        return pod.gpu_uuid
+        log.info("matched %s/%s container %d: %s", pod.namespace, pod.name, k, pod.gpu_uuid)
+        return pod, k
 
 
 class DevicePluginServer:

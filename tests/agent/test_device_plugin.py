@@ -340,7 +340,12 @@ async def test_amd_and_intel_gpus_give_the_container_their_device_nodes(
     agent = Agent(backend, node="n2", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n2"),
                   health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
     agent.sys_root = tmp_path / "sys"
-    agent.device_plugin = BlockPlugin(_nothing, lambda: 4096)
+    uuid = backend.read(0).uuid
+
+    async def lookup() -> list[Assigned] | None:
+        return [Assigned("uid-p", "default", "p", uuid, 2, 1.0, "Pending")]
+
+    agent.device_plugin = BlockPlugin(lookup, lambda: 4096)
     await agent.round()
     # Without its device nodes in sysfs a GPU offers no blocks: the container could not use it.
     assert agent.device_plugin.devices() == []
@@ -348,12 +353,11 @@ async def test_amd_and_intel_gpus_give_the_container_their_device_nodes(
     for name in ("card1", "renderD128", "version"):
         (drm / name).mkdir(parents=True)
     await agent.round()
-    uuid = backend.read(0).uuid
     ids = [d.ID for d in agent.device_plugin.devices()]
     assert ids and {gpu_of(i) for i in ids} == {uuid}
     answer = await agent.device_plugin.Allocate(
         api_pb2.AllocateRequest(container_requests=[
-            api_pb2.ContainerAllocateRequest(devices_ids=ids[:2])]), None)  # fmt: skip
+            api_pb2.ContainerAllocateRequest(devices_ids=ids[:2])]), Context())  # fmt: skip
     (resp,) = answer.container_responses
     assert [(d.host_path, d.container_path, d.permissions) for d in resp.devices] == [
         (n, n, "rw") for n in nodes
@@ -510,6 +514,141 @@ async def test_a_slow_driver_read_does_not_hold_up_kubelets_calls() -> None:
     await sampling
 
 
+def _allocate(*ids: str) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=list(ids))]
+    )
+
+
+def _prefer(plugin: BlockPlugin, size: int) -> api_pb2.PreferredAllocationRequest:
+    return api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[d.ID for d in plugin.devices()], allocation_size=size)])  # fmt: skip
+
+
+def _bound(*pods: Assigned) -> Any:
+    async def lookup() -> list[Assigned] | None:
+        return list(pods)
+
+    return lookup
+
+
+async def _no_extender() -> list[Assigned] | None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [
+        (["all::0"], "not devices this plugin advertised: all::0"),
+        (["GPU-a::3"], "not devices this plugin advertised: GPU-a::3"),  # GPU-a has 3 blocks
+        (["GPU-a::0"] * 10_000, "10000 device IDs, more than the 6 advertised"),
+        (["GPU-a::0", "GPU-a::1", "GPU-a::0"], "device IDs given more than once"),
+        ([], "no device IDs"),
+    ],
+)
+async def test_allocate_refuses_device_ids_it_never_advertised_or_given_twice(
+    ids: list[str], why: str
+) -> None:
+    plugin = BlockPlugin(_bound(Assigned("u", "default", "p", "GPU-a", 1, 1.0, "Pending")),
+                         lambda: 4096)  # fmt: skip
+    await plugin.update(GPUS)
+    with pytest.raises(Refused) as refused:
+        await plugin.Allocate(_allocate(*ids), Context())
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert why in refused.value.details
+
+
+async def test_allocate_refuses_blocks_of_another_gpu_than_the_one_chosen_at_bind() -> None:
+    plugin = BlockPlugin(_bound(Assigned("u", "ns", "p", "GPU-b", 2, 1.0, "Pending")), lambda: 4096)
+    await plugin.update(GPUS)
+    with pytest.raises(Refused) as refused:
+        await plugin.Allocate(_allocate("GPU-a::0", "GPU-a::1"), Context())
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details == (
+        "pod ns/p (container 0) was bound to GPU GPU-b, but kubelet chose 2 blocks of GPU GPU-a"
+    )
+
+
+async def test_allocate_checks_the_pod_the_preferred_allocation_was_made_for() -> None:
+    """kubelet asks for a preferred allocation, then allocates for the same container: the
+    blocks it chose must be on that pod's GPU, even where another pending pod's GPU has them."""
+    plugin = BlockPlugin(_bound(Assigned("u1", "ns", "first", "GPU-b", 1, 1.0, "Pending"),
+                                Assigned("u2", "ns", "second", "GPU-a", 1, 2.0, "Pending")),
+                         lambda: 4096)  # fmt: skip
+    await plugin.update(GPUS)
+    pref = await plugin.GetPreferredAllocation(_prefer(plugin, 1), Context())
+    assert gpu_of(pref.container_responses[0].deviceIDs[0]) == "GPU-b"
+    with pytest.raises(Refused) as refused:  # kubelet filled it from GPU-a all the same
+        await plugin.Allocate(_allocate("GPU-a::0"), Context())
+    assert "pod ns/first" in refused.value.details
+    # The next pod is matched on its own and gets its GPU.
+    await plugin.GetPreferredAllocation(_prefer(plugin, 1), Context())
+    answer = await plugin.Allocate(_allocate("GPU-a::0"), Context())
+    assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
+
+
+@pytest.mark.parametrize(
+    ("lookup", "code", "why"),
+    [
+        (_no_extender, grpc.StatusCode.UNAVAILABLE, "no extender answered"),
+        (_nothing, grpc.StatusCode.FAILED_PRECONDITION,
+         "no pod bound here by the extender waits for a container of 2 blocks"),
+        (_bound(Assigned("u", "ns", "p", "GPU-a", 1, 1.0, "Pending")),
+         grpc.StatusCode.FAILED_PRECONDITION, "waits for a container of 2 blocks"),
+        (_bound(Assigned("u", "ns", "p", "GPU-a", 2, 1.0, "Running")),
+         grpc.StatusCode.FAILED_PRECONDITION, "waits for a container of 2 blocks"),
+    ],
+)  # fmt: skip
+async def test_allocate_fails_rather_than_guess_when_the_gpu_chosen_at_bind_is_not_known(
+    lookup: Any, code: grpc.StatusCode, why: str
+) -> None:
+    plugin = BlockPlugin(lookup, lambda: 4096)
+    await plugin.update(GPUS)
+    await plugin.GetPreferredAllocation(_prefer(plugin, 2), Context())  # no GPU to steer to
+    with pytest.raises(Refused) as refused:
+        await plugin.Allocate(_allocate("GPU-a::0", "GPU-a::1"), Context())
+    assert refused.value.code == code
+    assert why in refused.value.details and "not given on a guess" in refused.value.details
+
+
+async def test_an_init_containers_blocks_given_again_to_the_app_container_are_allowed() -> None:
+    """kubelet reuses an init container's devices for the app container with no preferred
+    allocation before; blocks never given are matched to a pod as ever."""
+    plugin = BlockPlugin(_bound(Assigned("u", "ns", "p", "GPU-b", 2, 1.0, "Pending")), lambda: 4096)
+    await plugin.update(GPUS)
+    await plugin.GetPreferredAllocation(_prefer(plugin, 2), Context())
+    await plugin.Allocate(_allocate("GPU-b::0", "GPU-b::1"), Context())  # the init container
+    again = await plugin.Allocate(_allocate("GPU-b::0", "GPU-b::1"), Context())  # the app's
+    assert again.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+    with pytest.raises(Refused):
+        await plugin.Allocate(_allocate("GPU-b::2"), Context())
+
+
+def test_preferred_allocation_is_linear_in_the_number_of_device_ids() -> None:
+    import time
+
+    # 64 GPUs of 1,000 blocks, and a request no one GPU can hold: filled from every GPU.
+    available = [f"GPU-{g}::{k}" for g in range(64) for k in range(1000)]
+    started = time.perf_counter()
+    chosen = preferred(available, [], 32_000, "GPU-3")
+    assert time.perf_counter() - started < 1.0  # the quadratic fill took minutes
+    assert len(chosen) == len(set(chosen)) == 32_000
+
+
+async def test_a_preferred_allocation_request_past_the_cap_is_refused() -> None:
+    from node_agent.deviceplugin.plugin import MAX_REQUEST_IDS
+
+    plugin = BlockPlugin(_nothing, lambda: 4096)
+    await plugin.update(GPUS)
+    request = api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=["GPU-a::0"], allocation_size=MAX_REQUEST_IDS + 1)])  # fmt: skip
+    with pytest.raises(Refused) as refused:
+        await plugin.GetPreferredAllocation(request, Context())
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
 async def test_the_first_list_and_watch_answer_waits_for_the_first_sample() -> None:
     plugin = BlockPlugin(_nothing, lambda: 4096)
     stream = plugin.ListAndWatch(api_pb2.Empty(), Context())
@@ -524,3 +663,32 @@ async def test_the_first_list_and_watch_answer_waits_for_the_first_sample() -> N
     await empty.update([])  # a node whose first sample found no GPU is told so
     assert list((await asyncio.wait_for(anext(stream), 5.0)).devices) == []
     await stream.aclose()
+
+
+async def test_the_assignments_of_every_replica_are_merged_and_a_silent_one_costs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replica that bound a pod lists it at once; another learns of it by its watch. A
+    replica that does not answer in time leaves the others' answers."""
+    from node_agent import push
+
+    monkeypatch.setattr(push, "ASSIGNMENTS_TIMEOUT_S", 0.1)
+
+    def row(uid: str, gpu_uuid: str) -> dict[str, Any]:
+        return {"uid": uid, "namespace": "ns", "name": uid, "gpu_uuids": [gpu_uuid], "blocks": 1,
+                "assigned_at": 1.0, "phase": "Pending", "containers": [1]}  # fmt: skip
+
+    listed = {"a": [row("old", "GPU-a")], "b": [row("old", "GPU-a"), row("new", "GPU-b")]}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c":
+            await asyncio.sleep(10)  # a replica out of reach, its packets dropped
+        return httpx.Response(200, json={"assignments": listed[request.url.host]})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        pusher = Pusher(["http://a", "http://b", "http://c"], client, clock=lambda: 0.0)
+        found = await asyncio.wait_for(pusher.assignments("n1")(), 5.0)
+        assert sorted((a.uid, a.gpu_uuid) for a in found or []) == [
+            ("new", "GPU-b"), ("old", "GPU-a")]  # fmt: skip
+        only = Pusher(["http://c"], client, clock=lambda: 0.0)
+        assert await asyncio.wait_for(only.assignments("n1")(), 5.0) is None
