@@ -35,6 +35,13 @@ NODES: list[tuple[str, int, str, str]] = [
     ("xid-0", 1, "xid-79", "rack-b"),
 ]
 
+SUITE_LABELS: dict[str, dict[str, str]] = {
+    # test_remediation turns the fault loop on, and the scheduling cases after it count on
+    # xid-0's GPU staying unhealthy: its XID lasts until a self-test, which the loop would ask.
+    "xid-0": {"edgegpu.io/remediation": "disabled"},
+}
+"""Labels the suite gives some of its nodes (``make cluster`` gives none)."""
+
 AGENT_ARGS: dict[str, list[str]] = {
     # Steady nodes run idle (no memory in use), so that their GPUs are free to give out.
     "steady": ["--load-pct", "0"],
@@ -169,11 +176,19 @@ class Cluster:
         return self.cp.logs()
 
 
-def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool = True) -> Cluster:
+def start_cluster(
+    folder: Path,
+    *,
+    agent_interval_s: float = 1.0,
+    settle: bool = True,
+    labels: dict[str, dict[str, str]] | None = None,
+) -> Cluster:
     """Start it all; the caller stops it with ``stop_cluster``.
 
-    Returns once every node has reported to every replica and, with ``settle``, once hot-0's
-    GPU is hot and xid-0's unhealthy there (the suite's tests count on both).
+    ``labels``: extra labels of some nodes, by name. Returns once every node has reported to
+    every replica and, with ``settle``, once hot-0's GPU is hot and xid-0's unhealthy there
+    (the suite's tests count on both). When it raises (KeyboardInterrupt too), what had
+    started is stopped already.
     """
     cp = ControlPlane(folder)
     kubelet = FakeKubelet(cp)
@@ -184,11 +199,9 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool =
     try:
         cp.start()
         kubelet.start()
-        for name, gpus, scenario, rack in NODES:
-            labels = {"accelerator": "nvidia-tesla", "edgegpu.io/rack": rack}
-            if scenario == "xid-79":  # the suite counts on its GPU staying unhealthy
-                labels["edgegpu.io/remediation"] = "disabled"
-            kubelet.add_node(name, gpus=gpus, labels=labels)
+        for name, gpus, _, rack in NODES:
+            every = {"accelerator": "nvidia-tesla", "edgegpu.io/rack": rack}
+            kubelet.add_node(name, gpus=gpus, labels={**every, **(labels or {}).get(name, {})})
         cluster.installed = install(cp)
         for ext in extenders:
             ext.start()
@@ -218,8 +231,9 @@ def start_cluster(folder: Path, *, agent_interval_s: float = 1.0, settle: bool =
         # The overheating GPU warms with a 40 s time constant: this is most of the wait.
         wait_until("every node reported to every replica, hot-0 hot, xid-0 unhealthy", settled,
                    180.0, 1.0)  # fmt: skip
-    except BaseException:
-        print(cp.logs(), file=sys.stderr)  # why it did not come up
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt):
+            print(cp.logs(), file=sys.stderr)  # why it did not come up
         stop_cluster(cluster)
         raise
     return cluster
@@ -250,7 +264,7 @@ def stop_cluster(cluster: Cluster) -> None:
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     folder = Path(tempfile.mkdtemp(prefix="edgegpu-e2e-"))
     started = time.monotonic()
-    c = start_cluster(folder)
+    c = start_cluster(folder, labels=SUITE_LABELS)
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     line = (
         f"\ncluster up in {time.monotonic() - started:.1f} s: {c.cp.versions()}; logs in {folder}"
