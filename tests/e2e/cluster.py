@@ -9,6 +9,7 @@ The admin kubeconfig is written to ``.e2e/kubeconfig``. Ctrl-C or SIGTERM stops 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -31,8 +32,29 @@ def node_table(count: int) -> list[tuple[str, int, str, str]]:
     ]
 
 
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM or SIGINT: stop as Ctrl-C does; later signals are ignored until it is done."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def faults(nodes: list[tuple[str, int, str, str]]) -> str:
+    """One line per simulated fault, for the startup message."""
+    what = {
+        "overheat": "GPU 0 overheats (blocked airflow), held while its agent runs",
+        "xid-79": "GPU 0 raises XID 79 until a passing self-test resets it (the fault loop "
+        "asks for one once remediation is on)",
+        "ecc": "GPU 0 has uncorrectable ECC errors (its self-test fails)",
+        "gpu-lost": "the last GPU is lost (its self-test fails)",
+    }
+    return "\n".join(
+        f"  {name}: {what[scenario]}" for name, _, scenario, _ in nodes if scenario in what
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Start the cluster, print what to try, wait for Ctrl-C."""
+    """Start the cluster, print what to try, wait for Ctrl-C or SIGTERM; stop it all."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
     p.add_argument("--interval-s", type=float, default=2.0, help="agents' report interval")
@@ -41,24 +63,51 @@ def main(argv: list[str] | None = None) -> int:
         print("make cluster: NODES must be 1 or more", file=sys.stderr)
         return 2
     conftest.NODES[:] = node_table(args.nodes)
+    # From the start: a signal while the cluster comes up stops what has started, too.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     folder = Path(tempfile.mkdtemp(prefix="edgegpu-cluster-"))
-    print(f"starting the control plane and edgegpu (logs in {folder}/logs) ...", flush=True)
-    started = time.monotonic()
+    kubeconfig = ROOT / ".e2e" / "kubeconfig"
+    keep = os.environ.get("EDGEGPU_E2E_KEEP") == "1"
+    cluster: conftest.Cluster | None = None
     try:
-        cluster = conftest.start_cluster(folder, agent_interval_s=args.interval_s, settle=False)
-    except Exception as exc:
-        print(f"make cluster: {exc}", file=sys.stderr)
+        print(f"starting the control plane and edgegpu (logs in {folder}/logs) ...", flush=True)
+        started = time.monotonic()
+        try:
+            cluster = conftest.start_cluster(folder, agent_interval_s=args.interval_s,
+                                             settle=False)  # fmt: skip
+        except Exception as exc:
+            print(f"make cluster: {exc}", file=sys.stderr)
+            return 1
+        kubeconfig.parent.mkdir(exist_ok=True)
+        shutil.copy(cluster.cp.admin_kubeconfig, kubeconfig)
+        print(welcome(cluster, args.nodes, time.monotonic() - started, kubeconfig), flush=True)
+        while all(p.alive() for p in cluster.cp.processes):
+            time.sleep(1.0)
+        dead = [p.name for p in cluster.cp.processes if not p.alive()]
+        keep = True
+        print(f"make cluster: {', '.join(dead)} exited; see {folder}/logs", file=sys.stderr)
         return 1
-    out = ROOT / ".e2e"
-    out.mkdir(exist_ok=True)
-    kubeconfig = out / "kubeconfig"
-    shutil.copy(cluster.cp.admin_kubeconfig, kubeconfig)
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nothing cuts the clean-up short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if cluster is not None:
+            conftest.stop_cluster(cluster)
+        kubeconfig.unlink(missing_ok=True)
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def welcome(cluster: conftest.Cluster, nodes: int, took_s: float, kubeconfig: Path) -> str:
+    """What is up and what to try."""
     kubectl = cluster.cp.binary("kubectl")
     node = conftest.NODES[0][0]
-    print(
-        f"""
-Kubernetes is up in {time.monotonic() - started:.0f} s ({cluster.cp.versions()}), with edgegpu
-and {args.nodes} simulated GPU nodes. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
+    return f"""
+Kubernetes is up in {took_s:.0f} s ({cluster.cp.versions()}), with edgegpu
+and {nodes} simulated GPU nodes. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
 kubectl (the one built with the control plane) is {kubectl}. Try:
 
   export KUBECONFIG=$PWD/.e2e/kubeconfig; alias kubectl={kubectl}
@@ -71,27 +120,16 @@ kubectl (the one built with the control plane) is {kubectl}. Try:
   kubectl get events --field-selector involvedObject.name=infer
   curl -s {cluster.extenders[0].url}/debug/nodes | python3 -m json.tool | head -40
 
+Simulated faults (no node is kept out of the fault loop):
+{faults(conftest.NODES) or "  none (NODES=3 or more has some)"}
+The fault loop, on (see docs/remediation.md):
+  kubectl patch gpuschedulingpolicy edge-gpu-policy --type merge \\
+    -p '{{"spec":{{"remediation":{{"enabled":true,"dryRun":false}}}}}}'
+  curl -s {cluster.extenders[0].url}/debug/remediation | python3 -m json.tool
+
 The extender replicas answer on {", ".join(e.url for e in cluster.extenders)}; {node}'s
-agent and the others push to both. Ctrl-C stops everything.""",
-        flush=True,
-    )
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        while all(p.alive() for p in cluster.cp.processes):
-            time.sleep(1.0)
-        dead = [p.name for p in cluster.cp.processes if not p.alive()]
-        print(f"make cluster: {', '.join(dead)} exited; see {folder}/logs", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nstopping ...", flush=True)
-        return 0
-    finally:
-        conftest.stop_cluster(cluster)
-        kubeconfig.unlink(missing_ok=True)
+agent and the others push to both. Ctrl-C or SIGTERM stops everything and removes
+{cluster.cp.folder} (EDGEGPU_E2E_KEEP=1 keeps it)."""
 
 
 if __name__ == "__main__":
