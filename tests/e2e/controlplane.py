@@ -72,9 +72,10 @@ def wait_until(
 
 
 def _die_with_parent() -> None:
-    """In the child: SIGTERM when the harness dies, so that no component outlives it."""
+    """In the child: SIGKILL when the harness dies without stopping it, so that no component
+    outlives it (a kube-apiserver still starting ignores SIGTERM)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _openssl(*args: str) -> None:
