@@ -48,7 +48,7 @@ from benchmarks.openb.trace import load_pods, trace_path
 from scheduler_extender.api.app import create_app
 from scheduler_extender.domain import Assignment
 from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
-from scheduler_extender.remediation.runner import over_budget
+from scheduler_extender.remediation.memory import over_budget
 from scheduler_extender.telemetry.clock import FakeClock
 
 NODES, GPUS_PER_NODE = 16, 4

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler_extender.policy.base import Reason
@@ -34,6 +34,19 @@ _LATENCY_BUCKETS = (
     2.5,
     5.0,
 )
+
+
+class _ForeignProcesses(Collector):
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "edgegpu_extender_foreign_processes",
+            "GPU processes in agents' reports that name a pod assigned to another node or GPU "
+            "(ignored: a report speaks for its own node only).",
+            value=self._state.foreign_processes,
+        )
 
 
 class _TelemetryAge(Collector):
@@ -122,6 +135,13 @@ class ExtenderMetrics:
             ["action", "reason", "result"],
             registry=registry,
         )
+        self.remediation_timeouts = Counter(
+            "edgegpu_extender_remediation_call_timeouts_total",
+            "API calls of the remediation loop abandoned after their timeout, by call (get, "
+            "patch, condition, event, evict).",
+            ["call"],
+            registry=registry,
+        )
         self.remediation_transitions = Counter(
             "edgegpu_extender_remediation_transitions_total",
             "Nodes entering a state of the GPU fault loop (healthy: the loop ended).",
@@ -129,6 +149,7 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(_TelemetryAge(state))
+        registry.register(_ForeignProcesses(state))
         # Children of the per-request series, looked up once (a labels() call takes a lock).
         self._verdict_children: dict[tuple[str, int], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}

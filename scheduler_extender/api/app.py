@@ -112,7 +112,7 @@ def create_app(
             state,
             kube,
             ctx.metrics,
-            lambda: elector is None or elector.is_leader,
+            lambda for_s: elector is None or elector.holds(for_s),
             nodes=lambda: sync.nodes,
             pods=lambda: sync.pods,
             synced=lambda: sync.synced,

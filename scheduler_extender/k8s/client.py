@@ -75,15 +75,32 @@ def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-class KubeApi:
-    """The handful of resources edgegpu reads and writes."""
+REQUEST_TIMEOUT_S = 10.0
+"""The longest any API call but a watch may take (the client's own default is none: a
+half-open connection would hang the caller for good)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+
+class KubeApi:
+    """The handful of resources edgegpu reads and writes.
+
+    Every call but a watch gives up after ``timeout_s`` (``KubeError`` with status 0).
+    """
+
+    def __init__(self, api_client: client.ApiClient, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.api_client = api_client
+        self.timeout_s = timeout_s
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.authn = client.AuthenticationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+
+    def with_timeout(self, timeout_s: float) -> KubeApi:
+        """The same client, whose calls give up after ``timeout_s``."""
+        return KubeApi(self.api_client, timeout_s)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self.timeout_s)
+        return _call(fn, *args, **kwargs)
 
     def _lister(self, resource: str) -> Any:
         if resource == "nodes":
@@ -101,13 +118,14 @@ class KubeApi:
     def list(self, resource: str) -> tuple[list[JsonDict], str]:
         """Every object of a resource and the list's resourceVersion."""
         fn, args = self._lister(resource)
-        doc = orjson.loads(_call(fn, *args).data)
+        # A full list of a large cluster takes longer than one object.
+        doc = orjson.loads(self._call(fn, *args, _request_timeout=max(self.timeout_s, 60.0)).data)
         return doc.get("items") or [], str(doc.get("metadata", {}).get("resourceVersion", ""))
 
     def watch(self, resource: str, resource_version: str, timeout_s: int) -> Iterator[JsonDict]:
         """Watch events after ``resource_version`` (with bookmarks); Gone on 410."""
         fn, args = self._lister(resource)
-        resp = _call(
+        resp = self._call(
             fn,
             *args,
             watch=True,
@@ -135,7 +153,9 @@ class KubeApi:
     # -- pods ---------------------------------------------------------------------------------
     def get_pod(self, namespace: str, name: str) -> JsonDict:
         """One pod."""
-        doc: JsonDict = orjson.loads(_call(self.core.read_namespaced_pod, name, namespace).data)
+        doc: JsonDict = orjson.loads(
+            self._call(self.core.read_namespaced_pod, name, namespace).data
+        )
         return doc
 
     def bind_pod(
@@ -157,21 +177,26 @@ class KubeApi:
         }
         if uid:
             body["metadata"]["uid"] = uid
-        _call(self.core.create_namespaced_pod_binding, name, namespace, body)
+        self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
 
-    def evict_pod(self, namespace: str, name: str) -> None:
-        """The Eviction API (honours PodDisruptionBudgets: 429 when one forbids it)."""
-        body = {
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """The Eviction API (honours PodDisruptionBudgets: 429 when one forbids it).
+
+        With ``uid``, only that pod: a new pod of the same name is left alone (409).
+        """
+        body: JsonDict = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
-        _call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
 
     # -- nodes --------------------------------------------------------------------------------
     def get_node(self, name: str) -> JsonDict:
         """One node."""
-        doc: JsonDict = orjson.loads(_call(self.core.read_node, name).data)
+        doc: JsonDict = orjson.loads(self._call(self.core.read_node, name).data)
         return doc
 
     def patch_node(self, name: str, patch: JsonDict) -> JsonDict:
@@ -180,13 +205,13 @@ class KubeApi:
         With ``metadata.resourceVersion`` in the patch, 409 when the node changed since.
         """
         doc: JsonDict = orjson.loads(
-            _call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH).data
+            self._call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH).data
         )
         return doc
 
     def set_node_condition(self, name: str, condition: JsonDict) -> None:
         """Add or replace one condition of a node's status (merged by ``type``)."""
-        _call(
+        self._call(
             self.core.patch_node_status,
             name,
             {"status": {"conditions": [condition]}},
@@ -201,19 +226,19 @@ class KubeApi:
             "kind": "TokenReview",
             "spec": {"token": token},
         }
-        doc = orjson.loads(_call(self.authn.create_token_review, body).data)
+        doc = orjson.loads(self._call(self.authn.create_token_review, body).data)
         status: JsonDict = doc.get("status") or {}
         return status
 
     def create_event(self, namespace: str, event: JsonDict) -> None:
         """Record a core/v1 Event."""
-        _call(self.core.create_namespaced_event, namespace, event)
+        self._call(self.core.create_namespaced_event, namespace, event)
 
     def get_lease(self, namespace: str, name: str) -> JsonDict | None:
         """A Lease, or None when there is none."""
         try:
             doc: JsonDict = orjson.loads(
-                _call(self.coordination.read_namespaced_lease, name, namespace).data
+                self._call(self.coordination.read_namespaced_lease, name, namespace).data
             )
         except KubeError as exc:
             if exc.status == 404:
@@ -224,20 +249,20 @@ class KubeApi:
     def create_lease(self, namespace: str, lease: JsonDict) -> JsonDict:
         """Create a Lease (409 if someone else did first)."""
         doc: JsonDict = orjson.loads(
-            _call(self.coordination.create_namespaced_lease, namespace, lease).data
+            self._call(self.coordination.create_namespaced_lease, namespace, lease).data
         )
         return doc
 
     def replace_lease(self, namespace: str, name: str, lease: JsonDict) -> JsonDict:
         """Replace a Lease; 409 when its resourceVersion moved on (someone else wrote it)."""
         doc: JsonDict = orjson.loads(
-            _call(self.coordination.replace_namespaced_lease, name, namespace, lease).data
+            self._call(self.coordination.replace_namespaced_lease, name, namespace, lease).data
         )
         return doc
 
     def set_policy_status(self, name: str, status: JsonDict) -> None:
         """Write a GPUSchedulingPolicy's status subresource."""
-        _call(
+        self._call(
             self.custom.patch_cluster_custom_object_status,
             POLICY_GROUP,
             POLICY_VERSION,

@@ -4,7 +4,9 @@ Several extender replicas answer the scheduler identically; only the Lease holde
 cluster (remediation). The holder renews every ``retry_s``; another replica takes over when it
 has seen the same renewTime for longer than ``lease_duration_s`` (its own clock, so skew
 between machines does not matter). Writes use the Lease's resourceVersion, so two replicas
-cannot both win.
+cannot both win. Leading means a renew that succeeded within ``renew_deadline_s`` (shorter than
+the lease): a holder whose renews hang or fail stops leading before any other replica can take
+the Lease, and ``holds(for_s)`` tells a caller whether that will still be so ``for_s`` from now.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class LeaseElector:
         name: str,
         identity: str,
         lease_duration_s: float = 15.0,
+        renew_deadline_s: float | None = None,
         retry_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], Any] | None = None,
@@ -44,8 +47,15 @@ class LeaseElector:
         self.namespace = namespace
         self.name = name
         self.identity = identity
+        if renew_deadline_s is None:
+            renew_deadline_s = lease_duration_s * 2 / 3  # client-go's 10 s of 15
+        if not 0 < renew_deadline_s < lease_duration_s:
+            raise ValueError("renew_deadline_s must be positive and shorter than the lease")
         self._duration = lease_duration_s
+        self._deadline = renew_deadline_s
         self._retry = retry_s
+        self._renewed_at = -float("inf")
+        """When (monotonic, before the call) the last renew that succeeded was sent."""
         self._clock = clock
         self._on_change = on_change
         self._leader = False
@@ -56,8 +66,16 @@ class LeaseElector:
 
     @property
     def is_leader(self) -> bool:
-        """Whether this replica holds the Lease now."""
-        return self._leader
+        """Whether this replica holds the Lease now (renewed within the renew deadline)."""
+        return self.holds(0.0)
+
+    def holds(self, for_s: float) -> bool:
+        """Whether this replica leads, and will still ``for_s`` from now without a renew.
+
+        A caller about to write something that takes up to ``for_s`` asks this first: then the
+        write lands before any other replica may acquire the Lease.
+        """
+        return self._leader and self._clock() + for_s - self._renewed_at < self._deadline
 
     def start(self) -> None:
         """Start campaigning."""
@@ -91,8 +109,8 @@ class LeaseElector:
                 self._set(self.try_acquire_or_renew())
             except KubeError as exc:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-                if self._leader and self._clock() - self._observed_at > self._duration:
-                    self._set(False)
+            if self._leader and not self.is_leader:
+                self._set(False)  # no renew within the deadline: another may take it soon
             self._stop.wait(self._retry)
 
     def try_acquire_or_renew(self) -> bool:
@@ -121,6 +139,7 @@ class LeaseElector:
                     return False
                 raise
             self._observed, self._observed_at = (self.identity, renew), now
+            self._renewed_at = now
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -143,4 +162,5 @@ class LeaseElector:
                 return False  # another replica wrote first
             raise
         self._observed, self._observed_at = (self.identity, renew), now
+        self._renewed_at = now
         return True

@@ -48,6 +48,32 @@ class RemediationArgs(ArgsModel):
     evictions_per_minute: int = Field(
         60, alias="evictionsPerMinute", ge=1, description="Evictions across the cluster."
     )
+    paused: bool = Field(
+        False,
+        description="Start nothing new: no cordon, eviction, self-test or reboot ask; nodes "
+        "already cordoned stay as they are until the pause ends (an operator's switch).",
+    )
+    unreachable_after_s: Duration = Field(
+        300.0,
+        alias="unreachableAfter",
+        ge=0,
+        description="How long a node must be NotReady with its agent silent, as this replica "
+        "saw it, before it counts as a node fault (5m: Kubernetes' own default toleration of "
+        "an unreachable node). Such a node is cordoned, never drained: Kubernetes evicts its "
+        "pods by their own tolerations. An edge link that drops is not a GPU fault.",
+    )
+    repeat_limit: int = Field(
+        3,
+        alias="repeatLimit",
+        ge=1,
+        description="The fault on the same GPU (or node) for this many times within "
+        "repeatWindow goes to needs-human instead of another drain (1: every fault does).",
+    )
+    repeat_window_s: Duration = Field(
+        86400.0,
+        alias="repeatWindow",
+        description="The window in which repeated faults on one GPU are counted (24h).",
+    )
 
     def cordon_cap(self, gpu_nodes: int) -> int:
         """Nodes remediation may hold cordoned at once, out of ``gpu_nodes``."""

@@ -13,8 +13,11 @@
 
 A manual uncordon during the workflow ends it (``released``): we stand aside until the fault
 clears, and act again only on a fault somewhere new (another GPU, or the node). No record means
-healthy. Times are wall seconds, so that a record read back from the node annotation after a
-restart means the same.
+healthy. A fault on a GPU that was drained ``repeatLimit - 1`` times within ``repeatWindow``
+goes straight to needs-human (cordoned, nothing evicted): no drain loop for a GPU that keeps
+failing. Our taint without a readable record (a person removed or broke the annotation) is
+cleaned up when there is no fault, and adopted as our own cordon when there is one. Times are
+wall seconds, so that a record read back from the node annotation after a restart means the same.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class Action(enum.StrEnum):
     RELEASE = "release"
     """Stand aside after a manual uncordon: remove our taint, keep the record."""
     NEEDS_HUMAN = "needs-human"
+    CLEAN_UP = "clean-up"
+    """Our taint, cordon and condition without a record, and no fault: remove them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,10 @@ class Observation:
     """The agent's boot id in its last report."""
     cooling: bool = False
     """A GPU of the node is hot or in its thermal cool-down."""
+    tainted: bool = False
+    """The node carries our taint (we cordoned it, whatever its annotation says now)."""
+    repeats: int = 0
+    """Earlier drains, within ``repeatWindow``, of the GPU (or node) the fault is on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +177,28 @@ def _where(faults: tuple[str, ...]) -> set[str]:
     return {f.split(":", 1)[0] for f in faults}
 
 
+History = dict[str, tuple[float, ...]]
+"""When each place (``gpu0``, ``node``) was cordoned for a fault: the repeat count's memory."""
+
+
+def places(faults: tuple[str, ...]) -> set[str]:
+    """What the faults are on: ``gpu0``, ``node``..."""
+    return _where(faults)
+
+
+def repeats(history: History, where: set[str], now: float, window_s: float) -> int:
+    """The most cordons of any of ``where`` within the window before ``now``."""
+    return max((sum(1 for t in history.get(w, ()) if now - t < window_s) for w in where), default=0)
+
+
+def remember(history: History, where: set[str], now: float, window_s: float) -> History:
+    """``history`` with a cordon at ``now`` for each place of ``where``; older ones dropped."""
+    out = {w: tuple(t for t in ts if now - t < window_s) for w, ts in history.items()}
+    for w in where:
+        out[w] = (*out.get(w, ()), now)
+    return {w: ts for w, ts in out.items() if ts}
+
+
 def step(
     rec: Record | None,
     obs: Observation,
@@ -190,7 +221,7 @@ def step(
     faults = obs.faults
     if rec is None:
         if not faults:
-            return None, ()
+            return None, (Action.CLEAN_UP,) if obs.tainted else ()
         first = Record(Phase.SUSPECT, _reason(faults), now, now, owner, obs.gpus, faults=faults)
         return first.to(Phase.SUSPECT, now, f"fault reported: {_reason(faults)}"), ()
     if rec.phase is Phase.SUSPECT:
@@ -199,9 +230,18 @@ def step(
         rec = replace(rec, reason=_reason(faults), gpus=obs.gpus, faults=faults, owner=owner)
         if now - rec.started < args.confirm_after_s or not room:
             return rec, ()
+        # Our taint on a cordoned node: a cordon of ours whose record a person removed.
+        owns = not obs.cordoned or obs.tainted
+        if obs.repeats + 1 >= args.repeat_limit:
+            why = (
+                f"fault number {obs.repeats + 1} on {', '.join(sorted(_where(faults)))} within "
+                f"{args.repeat_window_s:.0f} s: {rec.reason}"
+            )
+            held = rec.to(Phase.NEEDS_HUMAN, now, why, owns_cordon=owns)
+            return held, (Action.CORDON, Action.NEEDS_HUMAN)
         why = f"fault lasted {now - rec.started:.0f} s: {rec.reason}"
         acts = (Action.CORDON, Action.EVICT) if obs.pods_left else (Action.CORDON,)
-        return rec.to(Phase.DRAINING, now, why, owns_cordon=not obs.cordoned), acts
+        return rec.to(Phase.DRAINING, now, why, owns_cordon=owns), acts
     if rec.phase is Phase.RELEASED:
         if not faults:
             return None, ()
@@ -226,9 +266,9 @@ def step(
     if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
         if obs.verdict is not None and obs.verdict[0] == rec.request:
             if obs.verdict[1] == "pass" and not faults:
-                if obs.cooling:
-                    return rec, ()  # uncordon after the thermal cool-down
-                return None, (Action.UNCORDON,)
+                if obs.cooling and waited <= args.self_test_timeout_s:
+                    return rec, ()  # uncordon after the thermal cool-down, if it comes in time
+                return None, (Action.UNCORDON,)  # the thermal filter keeps a hot GPU free
             why = "self-test failed" if obs.verdict[1] != "pass" else "fault outlived the self-test"
             if rec.phase is Phase.SELF_TEST:
                 boot = obs.boot or ""

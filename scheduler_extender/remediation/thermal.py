@@ -1,16 +1,20 @@
-"""Thermal migration, pure: which pods to evict from GPUs hot for longer than ``migrateAfter``.
+"""Thermal migration: which pods to evict from GPUs hot for longer than ``migrateAfter``.
 
 One pod per hot GPU per ``migrateAfter``: the lowest QoS class, the most recently placed of
-those. The GPU then has ``migrateAfter`` to cool before the next one goes.
+those that are not leaving already. The GPU then has ``migrateAfter`` to cool before the next
+one goes. ``evictions`` is the pure decision; ``Migration`` the controller that acts on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_extender.domain import Assignment
+from scheduler_extender.k8s.client import JsonDict
 from scheduler_extender.policy.rules.thermal import ThermalArgs
+from scheduler_extender.remediation.actuator import Actuator
+from scheduler_extender.state.cluster import ClusterState
 
 GpuKey = tuple[str, int]
 """(node, GPU index)."""
@@ -63,3 +67,57 @@ def evictions(
             )
         )
     return out
+
+
+def leaving(pod: JsonDict | None) -> bool:
+    """Whether a Pod object is on its way out already (``deletionTimestamp`` set)."""
+    return bool(pod and (pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+class Migration:
+    """The controller: the hot GPUs the telemetry shows, their pods, the evictions due."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        act: Actuator,
+        pods: Callable[[], Mapping[tuple[str, str], JsonDict]],
+    ) -> None:
+        self.state = state
+        self.act = act
+        self.pods = pods
+        self._last: dict[GpuKey, float] = {}
+
+    def hot_gpus(self) -> list[HotGpu]:
+        """Every GPU the telemetry shows at or above maxTemp, with how long it has been."""
+        now = self.state.clock.monotonic()
+        out = []
+        for node in self.state.store.nodes():
+            record = self.state.store.get(node)
+            if record is None or not record.thermal:
+                continue
+            index_of = dict(zip(record.digest.uuids, record.digest.column("index"), strict=True))
+            for uuid_, st in record.thermal.items():
+                if st.hot_since is not None and uuid_ in index_of:
+                    out.append(HotGpu(node, int(index_of[uuid_]), now - st.hot_since))
+        return out
+
+    async def step(self) -> list[Eviction]:
+        """The evictions due, taken (or, with dryRun, only logged)."""
+        spec = self.state.policy.spec
+        now = self.state.clock.monotonic()
+        hot = [g for g in self.hot_gpus() if not self.act.opted_out(g.node)]
+        objects = self.pods()
+        pods = {
+            gpu.node: [
+                a
+                for a in self.state.allocations.on_node(gpu.node)
+                if not leaving(objects.get((a.namespace, a.name)))
+            ]
+            for gpu in hot
+        }
+        due = evictions(hot, pods, spec.thermal_throttling, self._last, now)
+        for ev in due:
+            if await self.act.evict(ev.pod, "thermal", ev.reason, spec.remediation):
+                self._last[ev.gpu] = now  # not taken: tried again next round
+        return due

@@ -66,6 +66,8 @@ class ClusterState:
         """Free room per rack, by whole-GPU or blocks, with the (writes, racks, policy) it is of."""
         self.lending = lending_rules.Lending()
         """Which pods stay idle, for lending their idle blocks (``memory.idleRelease``)."""
+        self.foreign_processes = 0
+        """Processes in reports that named a pod assigned to another node or GPU (ignored)."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -98,12 +100,31 @@ class ClusterState:
             results.append(result)
             if not result.accepted:
                 continue
-            taken[push.digest.node] = None
-            for _, pod_uid, _ in push.digest.pods:
-                self.allocations.renew(pod_uid, now + ttl)
+            node = push.digest.node
+            taken[node] = None
+            for index, pod_uid, _ in push.digest.pods:
+                if self.assigned_to(pod_uid, node, index) is not None:
+                    self.allocations.renew(pod_uid, now + ttl)
         if taken:
             self._write_nodes(list(taken))
         return results
+
+    def assigned_to(
+        self, pod_uid: str, node: str, index: int, count: bool = True
+    ) -> Assignment | None:
+        """The pod's assignment when it is on GPU ``index`` of ``node``, as a report says.
+
+        A report speaks for its own node only: a process naming a pod assigned to another node
+        or GPU is counted (``foreign_processes``, unless ``count`` is False: a report is counted
+        once, when it comes) and gets None, as does an unassigned pod.
+        """
+        a = self.allocations.get(pod_uid)
+        if a is None:
+            return None
+        if a.node != node or index not in a.gpu_indices:
+            self.foreign_processes += count
+            return None
+        return a
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
@@ -350,15 +371,21 @@ class ClusterState:
         lending = self.policy.spec.lends_idle_blocks
         record = self.store.get(node)
         unread: dict[int, set[str]] = {}
+        free: dict[int, float] = {}
         if record is not None:
             d = record.digest
-            for index, used in zip(d.column("index"), d.column("memory_used_mib"), strict=True):
+            for index, used, total in zip(
+                d.column("index"), d.column("memory_used_mib"), d.column("memory_total_mib"),
+                strict=True,
+            ):  # fmt: skip
                 i = int(index)
                 ours = pods.get(i)
                 if math.isnan(used):
                     if ours:
                         unread[i] = ours
                     continue
+                if not math.isnan(total):
+                    free[i] = total - used
                 if ours:
                     # A pod's use explains memory up to its budget: what it uses past its blocks
                     # counts against the GPU (never less than the real use).
@@ -377,7 +404,7 @@ class ClusterState:
         lent: dict[int, int] = {}
         if record is not None and lending:
             args = self.policy.spec.memory
-            lent = self.lending.lent(node, record.received_at, owners, args, unread)
+            lent = self.lending.lent(node, record.received_at, owners, args, unread, free)
         # Best-effort pods sit in lent blocks first: the GPU's own free room is what is left
         # after those they fill (pods of other classes may take it).
         best_effort: dict[int, int] = {}

@@ -1,10 +1,12 @@
 """Idle memory blocks lent to best-effort pods (``spec.memory.idleRelease``).
 
-A pod that is not best-effort and whose measured GPU memory stays below ``below`` of its
-budget for ``after`` lends the whole blocks its use leaves free. Best-effort pods may be placed
-in them (``combine`` adds them to a best-effort pod's room); the agent's device plugin
-advertises them to kubelet, so kube-scheduler's count of the node's blocks lets the borrowers
-in. As soon as an owner's use rises again its blocks are no longer lent, and ``borrowers_to_evict``
+A pod that is not best-effort lends, once its measured GPU memory has left a block idle for
+``after``, as many whole blocks as keep its use below ``below`` of what it can still have
+(``memory.idle_blocks``); fewer as its use grows. A GPU whose free memory drops under one block
+lends nothing, and its pods' idle times start over: an owner must always find room to grow.
+Best-effort pods may be placed in them (``combine`` adds them to a best-effort pod's room); the
+agent's device plugin advertises them to kubelet, so kube-scheduler's count of the node's blocks
+lets the borrowers in. As soon as an owner's blocks are no longer lent, ``borrowers_to_evict``
 names the best-effort pods to evict (the leader's remediation round does it). Imports
 ``domain`` and ``policy`` only.
 """
@@ -37,6 +39,7 @@ class Lending:
         owners: Mapping[int, list[tuple[Assignment, float]]],
         args: MemoryArgs,
         unread: Mapping[int, Iterable[str]] | None = None,
+        free_mib: Mapping[int, float] | None = None,
     ) -> dict[int, int]:
         """Blocks lent per GPU index, from the pods on each GPU and their measured use (MiB).
 
@@ -45,7 +48,8 @@ class Lending:
         moves the idle times on). A pod with no attributed process lends nothing: its use is
         not known. Best-effort pods lend nothing either: they borrow. A GPU whose memory the
         report could not read (``unread``: its index → the pods on it) keeps what it lent and
-        its pods their idle times, until a report reads it again.
+        its pods their idle times, until a report reads it again. ``free_mib``: each GPU's
+        free memory in that report; under one block, the GPU lends nothing.
         """
         release = args.idle_release
         self._first.setdefault(node, sampled_at)
@@ -58,15 +62,18 @@ class Lending:
             if (kept := self._by_gpu.get(node, {}).get(index)) is not None:
                 out[index] = kept
         for index, pods in owners.items():
+            if (free_mib or {}).get(index, float("inf")) < args.block_mib:
+                continue  # a full GPU: its owners need every block they have
             for pod, used in pods:
                 if pod.whole or not pod.mem_blocks or pod.qos is QosClass.BEST_EFFORT:
                     continue
                 budget = float(pod.mem_blocks * args.block_mib)
-                if used >= release.below * budget:
+                lendable = idle_blocks(budget, used, args.block_mib, release.below)
+                if not lendable:
                     continue
                 since[pod.pod_uid] = start = before.get(pod.pod_uid, sampled_at)
                 if sampled_at - start >= release.after:
-                    out[index] = out.get(index, 0) + idle_blocks(budget, used, args.block_mib)
+                    out[index] = out.get(index, 0) + lendable
         if since:
             self._since[node] = since
         else:

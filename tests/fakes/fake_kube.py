@@ -148,6 +148,11 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []
         self.fail_next: dict[tuple[str, str], int] = {}
         """(method, path regex) → status code to answer once (fault injection)."""
+        self.refuse: dict[tuple[str, str], int] = {}
+        """(method, path regex) → status code to answer every time (e.g. 403: no RBAC)."""
+        self.hang: dict[tuple[str, str], threading.Event] = {}
+        """(method, regex searched in "path body") → an Event: matching requests get no answer
+        until it is set (a half-open connection, as after a network partition)."""
         self.services: dict[tuple[str, str], str] = {}
         """(namespace, service[:port]) → the URL its endpoints answer on, for the service proxy
         (``/api/v1/namespaces/NS/services/NAME/proxy/PATH``, forwarded as the API server does)."""
@@ -192,6 +197,8 @@ class FakeKube:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for released in self.hang.values():
+            released.set()
         self.drop_watches()
         if self._server is not None:
             self._server.shutdown()
@@ -347,6 +354,12 @@ class FakeKube:
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
         try:
+            for (m, pattern), released in list(self.hang.items()):
+                if m == method and re.search(pattern, f"{url.path} {raw.decode(errors='replace')}"):
+                    released.wait(timeout=120)
+            for (m, pattern), code in list(self.refuse.items()):
+                if m == method and re.search(pattern, url.path):
+                    raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), "refused")
             for (m, pattern), code in list(self.fail_next.items()):
                 if m == method and re.search(pattern, url.path):
                     del self.fail_next[(m, pattern)]
@@ -540,6 +553,12 @@ class FakeKube:
                 self._record(plural, "MODIFIED", current)
                 return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
             if sub == "eviction" and method == "POST":
+                wanted_uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get(
+                    "uid"
+                )
+                if wanted_uid and wanted_uid != current["metadata"].get("uid"):
+                    raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: "
+                                   f"{wanted_uid}, UID in object meta: {current['metadata'].get('uid')}")  # fmt: skip
                 labels = current["metadata"].get("labels") or {}
                 for (p, pns, _), pdb in self.objects.items():
                     if p != "poddisruptionbudgets" or pns != ns:

@@ -21,6 +21,9 @@ from tests.fakes.fake_kube import FakeKube
 from tests.k8s.conftest import make_api
 
 READY = [{"type": "Ready", "status": "True"}]
+EVICT_OVER_BUDGET = {"spec": {
+    "remediation": {"enabled": True, "dryRun": False},
+    "memory": {"overBudget": "evict", "overBudgetGrace": "1m"}}}  # fmt: skip
 
 
 class Cluster:
@@ -70,7 +73,7 @@ class Cluster:
             self.state,
             make_api(self.kubeconfig),
             ExtenderMetrics(CollectorRegistry(), self.state),
-            lambda: leading,
+            lambda _s: leading,
             nodes=lambda: {k[2]: v for k, v in kube.objects.items() if k[0] == "nodes"},
             pods=lambda: {(k[1], k[2]): v for k, v in kube.objects.items() if k[0] == "pods"},
             synced=synced,
@@ -169,7 +172,7 @@ async def test_a_restart_mid_drain_resumes_without_repeating_the_cordon(
     assert len(patches) == 1 and c.record("n0")["owner"] == "replica-b"  # the record, taken over
     assert c.node("n0")["spec"]["unschedulable"] is True
     kube.objects[("poddisruptionbudgets", "default", "keep")]["status"]["disruptionsAllowed"] = 1
-    second._blocked.clear()  # its backoff after the refusal is over
+    second.act._blocked.clear()  # its backoff after the refusal is over
     await second.step()
     assert c.pods() == set()
     assert len(c.events("EdgeGPUCordoned")) == 1
@@ -251,19 +254,27 @@ async def test_only_the_leader_acts_and_the_opt_out_label_holds(
     assert not c.node("n1")["spec"].get("unschedulable")
 
 
-async def test_a_node_not_ready_and_silent_is_a_fault_but_staleness_alone_is_not(
+async def test_a_node_not_ready_and_silent_is_cordoned_after_unreachable_after_and_not_drained(
     kube: FakeKube, kubeconfig: Path
 ) -> None:
     c = Cluster(kube, kubeconfig)
+    c.pod("edge-app", "n1", 0, QosClass.INFERENCE)
     r = c.remediator()
     c.clock.advance(600.0)  # both silent
     c.live("n1")["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
     for _ in range(3):
         await r.step()
         c.clock.advance(6.0)
+    # Silent and NotReady for 18 s of this replica's life: an edge link that dropped.
+    assert not c.node("n1")["spec"].get("unschedulable")
+    c.clock.advance(300.0)  # unreachableAfter (5m)
+    for _ in range(3):
+        await r.step()
+        c.clock.advance(6.0)
     assert not c.node("n0")["spec"].get("unschedulable")  # silent, still Ready: edge link down
     assert c.node("n1")["spec"].get("unschedulable") is True
     assert c.record("n1")["reason"] == "node:not-ready-silent"
+    assert "edge-app" in c.pods()  # Kubernetes evicts by the pod's own tolerations, not us
 
 
 async def test_the_push_answer_carries_the_request_and_debug_shows_the_node(
@@ -362,15 +373,9 @@ async def test_nothing_is_read_back_or_done_before_the_node_watch_has_listed(
 async def test_a_condition_that_cannot_be_written_does_not_stop_the_loop(
     kube: FakeKube, kubeconfig: Path
 ) -> None:
-    from scheduler_extender.k8s.client import KubeError
-
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-
-    def refused(name: str, condition: dict[str, Any]) -> None:
-        raise KubeError(403, "nodes/status is forbidden")
-
-    r.kube.set_node_condition = refused  # type: ignore[method-assign]
+    kube.refuse[("PATCH", "/api/v1/nodes/n0/status$")] = 403
     request = await _to_self_test(c, r)
     assert c.node("n0")["spec"]["unschedulable"] is True
     c.self_test = {"id": request, "verdict": "pass", "detail": ""}
@@ -385,9 +390,7 @@ async def test_a_pod_over_its_blocks_is_warned_at_once_and_evicted_after_the_gra
 ) -> None:
     """Issue 26: the budget is enforced by watching; the pods within theirs are untouched."""
     c = Cluster(kube, kubeconfig)
-    c.state.set_policy(parse_policy({"spec": {
-        "remediation": {"enabled": True, "dryRun": False},
-        "memory": {"overBudget": "evict", "overBudgetGrace": "1m"}}}))  # fmt: skip
+    c.state.set_policy(parse_policy(EVICT_OVER_BUDGET))
     c.pod("big", "n0", 0, QosClass.INFERENCE)
     c.pod("small", "n0", 0, QosClass.BEST_EFFORT)
     procs = [{"pid": 1, "pod_uid": "uid-big", "used_mib": 6000.0},
@@ -417,7 +420,7 @@ async def test_a_pod_over_its_blocks_is_warned_at_once_and_evicted_after_the_gra
 def test_an_old_sample_is_no_ground_for_an_over_budget_eviction(
     kube: FakeKube, kubeconfig: Path
 ) -> None:
-    from scheduler_extender.remediation.runner import over_budget
+    from scheduler_extender.remediation.memory import over_budget
 
     c = Cluster(kube, kubeconfig, count=1)
     c.pod("big", "n0", 0, QosClass.INFERENCE)

@@ -62,7 +62,7 @@ async def test_the_leader_evicts_through_the_eviction_api_when_enabled(
     kube.add_pod("cool", node="n1", uid="uid-cool", phase="Running")
     registry = CollectorRegistry()
     runner = Remediator(
-        state, make_api(kubeconfig), ExtenderMetrics(registry, state), lambda: leading
+        state, make_api(kubeconfig), ExtenderMetrics(registry, state), lambda _s: leading
     )
     assert await runner.step() == []  # hot, but not for longer than migrateAfter yet
     clock.advance(121.0)
@@ -88,7 +88,9 @@ async def test_a_disruption_budget_holds_and_the_eviction_is_tried_again(kube, k
                                       "spec": {"selector": {"matchLabels": {"app": "be"}}},
                                       "status": {"disruptionsAllowed": 0}})  # fmt: skip
     registry = CollectorRegistry()
-    runner = Remediator(state, make_api(kubeconfig), ExtenderMetrics(registry, state), lambda: True)
+    runner = Remediator(
+        state, make_api(kubeconfig), ExtenderMetrics(registry, state), lambda _s: True
+    )
     clock.advance(121.0)
     state.ingest(report_from(report("n1", [gpu(0, temperature_c=96.0)])))
     await runner.step()

@@ -122,9 +122,15 @@ def free_blocks(
     return out
 
 
-def idle_blocks(budget_mib: float, used_mib: float, block_mib: int) -> int:
-    """Whole blocks of a pod's budget its measured use leaves free (what it can lend)."""
-    return max(int((budget_mib - max(used_mib, 0.0)) // block_mib), 0)
+def idle_blocks(budget_mib: float, used_mib: float, block_mib: int, below: float) -> int:
+    """Whole blocks a pod can lend: as many as leave its use below ``below`` of the rest.
+
+    ``k = floor((budget - used / below) / block)``, at least 0: a pod lending ``k`` blocks can
+    have ``budget - k × block``, and its use stays under ``below`` of that. As its use grows
+    towards what it can have, it lends fewer blocks (and the borrowers go when its GPU is
+    short), so a borrower can never hold the lender's memory for good.
+    """
+    return max(int((budget_mib - max(used_mib, 0.0) / below) // block_mib), 0)
 
 
 def is_idle(

@@ -1,0 +1,484 @@
+"""The GPU fault loop's controller: observe each GPU node, decide with ``faults.step``, act.
+
+The loop's state lives in each node's ``edgegpu.io/remediation`` annotation, so a new leader (or
+this one after a restart) carries on where the last one was. The annotation is read back when
+leadership is new, and again whenever the node shows one other than the record this replica
+wrote: a person's edit is honoured by the current leader, a record nobody can read is cleaned
+up (or adopted, with an Event that says which). With ``dryRun`` it plans, logs, counts and
+records Events, changes no Node or Pod, ends a plan when the fault does and holds no place
+under the cap. A node NotReady with its agent silent is a node fault only after
+``unreachableAfter`` as this replica saw it, and is cordoned without evicting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from scheduler_extender.domain import Assignment
+from scheduler_extender.k8s.client import JsonDict, KubeError
+from scheduler_extender.names import (
+    HEALTH_CONDITION,
+    MANAGED_RESOURCES,
+    REMEDIATION_ANNOTATION,
+    REMEDIATION_HISTORY_ANNOTATION,
+    REMEDIATION_STATE_LABEL,
+    UNHEALTHY_TAINT,
+)
+from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.remediation.actuator import (
+    Actuator,
+    RecordChanged,
+    annotation,
+    opted_out,
+    stamp,
+)
+from scheduler_extender.remediation.faults import (
+    CORDONED,
+    Action,
+    History,
+    Observation,
+    Phase,
+    Record,
+    places,
+    remember,
+    repeats,
+    step,
+)
+from scheduler_extender.remediation.thermal import leaving
+from scheduler_extender.state.cluster import ClusterState
+
+log = logging.getLogger("scheduler_extender.remediation")
+
+DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
+"""Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
+NODE_SILENT = "node:not-ready-silent"
+
+_CONDITION_REASON = {
+    Phase.SUSPECT: "Suspect",
+    Phase.DRAINING: "Draining",
+    Phase.SELF_TEST: "SelfTest",
+    Phase.REBOOT_REQUESTED: "RebootRequested",
+    Phase.VERIFYING: "Verifying",
+    Phase.NEEDS_HUMAN: "NeedsHuman",
+    Phase.RELEASED: "ReleasedByOperator",
+}
+_EVENT_REASON = {
+    Action.CORDON: "EdgeGPUCordoned",
+    Action.SELF_TEST: "EdgeGPUSelfTestRequested",
+    Action.REBOOT: "EdgeGPURebootRequested",
+    Action.UNCORDON: "EdgeGPUUncordoned",
+    Action.RELEASE: "EdgeGPUReleased",
+    Action.NEEDS_HUMAN: "EdgeGPUNeedsHuman",
+    Action.CLEAN_UP: "EdgeGPURecordCleanedUp",
+}
+_NEXT = {
+    Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap allows)",
+    Phase.DRAINING: "evict the pods on the faulty GPUs, then ask for a self-test",
+    Phase.SELF_TEST: "wait for the agent's self-test verdict",
+    Phase.REBOOT_REQUESTED: "wait for the node to come back, then verify",
+    Phase.VERIFYING: "wait for the self-test after the reboot",
+    Phase.NEEDS_HUMAN: "an operator: fix the node, then kubectl uncordon it",
+    Phase.RELEASED: "nothing until the fault clears (an operator uncordoned the node)",
+}
+
+
+def _text(rec: Record | None) -> str | None:
+    """The annotation a record is written as (None: no annotation; suspects are not written)."""
+    if rec is None or rec.phase is Phase.SUSPECT:
+        return None
+    return orjson.dumps(rec.to_json()).decode()
+
+
+def _history(node: JsonDict) -> History:
+    """The node's repeat history (an unreadable one counts as empty)."""
+    try:
+        doc = orjson.loads(annotation(node, REMEDIATION_HISTORY_ANNOTATION) or "{}")
+        return {str(w): tuple(_epoch(t) for t in ts) for w, ts in dict(doc).items()}
+    except (ValueError, TypeError, orjson.JSONDecodeError):
+        return {}
+
+
+def _epoch(text: Any) -> float:
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+def _history_text(history: History) -> str:
+    return orjson.dumps({w: [stamp(t) for t in ts] for w, ts in sorted(history.items())}).decode()
+
+
+def _tainted(node: JsonDict) -> bool:
+    return any(
+        t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or []
+    )
+
+
+class FaultLoop:
+    """Every GPU node's record, advanced one round at a time."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        act: Actuator,
+        *,
+        nodes: Callable[[], Mapping[str, JsonDict]],
+        pods: Callable[[], Mapping[tuple[str, str], JsonDict]],
+        synced: Callable[[], bool],
+        identity: str,
+    ) -> None:
+        self.state = state
+        self.act = act
+        self.nodes = nodes
+        self.pods = pods
+        self.synced = synced
+        self.identity = identity
+        self.records: dict[str, Record] = {}
+        """The records, while leading (read back from the annotations first)."""
+        self._known: dict[str, str | None] = {}
+        """The annotation each node has as far as this replica knows (read, or written)."""
+        self._loaded = False
+        self._dry_run: bool | None = None
+        self._planned: set[tuple[str, str]] = set()
+        """Dry run: pods already logged as ones the loop would evict."""
+        self._unreachable: dict[str, float] = {}
+        """Nodes NotReady with a silent agent: since when this replica saw it (monotonic)."""
+
+    def reset(self) -> None:
+        """Leadership lost or remediation off: forget everything but what the nodes hold."""
+        self._loaded = False
+        self.records.clear()
+        self._known.clear()
+        self._planned.clear()
+
+    # -- what the agents are asked -------------------------------------------------------------
+    def requests(self, node: str) -> dict[str, Any]:
+        """Requests for the node's agent (the caller checks leadership and dry run)."""
+        rec = self.records.get(node)
+        if rec is None:
+            return {}
+        if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
+            return {"self_test": {"id": rec.request}}
+        if rec.phase is Phase.REBOOT_REQUESTED and self._boot(node) == rec.boot:
+            # The boot it was decided for: the agent refuses it on any other boot.
+            return {"reboot": {"id": rec.request, "boot": rec.boot}}
+        return {}
+
+    def _boot(self, node: str) -> str | None:
+        """The node's boot as its agent reports it: the host's, else the agent's own."""
+        store = self.state.store.get(node)
+        if store is None:
+            return None
+        return store.report.host_boot_id or store.digest.boot_id
+
+    # -- observing -----------------------------------------------------------------------------
+    def observe(self, name: str, node: JsonDict, args: RemediationArgs) -> Observation:
+        """The node now: its faults (from its agent, or unreachable long enough), pods, verdicts."""
+        store = self.state.store.get(name)
+        spec = self.state.policy.spec
+        now = self.state.clock.monotonic()
+        faults: list[str] = []
+        gpus: set[int] = set()
+        verdict = boot = None
+        cooling = False
+        silent = True
+        if store is not None:
+            report = store.report
+            for g in report.gpus:
+                if g.health == "unhealthy":
+                    reasons = [r for r in g.health_reasons if r not in DEGRADED_REASONS]
+                    faults += [f"gpu{g.index}:{r}" for r in reasons or ("unhealthy",)]
+                    gpus.add(g.index)
+            silent = now - store.received_at > spec.stale_telemetry.stale_after_s(report.interval_s)
+            if report.self_test is not None:
+                verdict = (report.self_test.id, report.self_test.verdict)
+            boot = self._boot(name)
+            cool_down = spec.thermal_throttling.cool_down_s
+            cooling = any(
+                st.hot_since is not None
+                or (st.below_since is not None and now < st.below_since + cool_down)
+                for st in store.thermal.values()
+            )
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if not ready and silent:
+            # An edge link that drops looks the same: only a long outage, seen by this replica
+            # (not right after its start), counts; Kubernetes evicts by the pods' tolerations.
+            since = self._unreachable.setdefault(name, now)
+            if now - since >= args.unreachable_after_s:
+                faults.append(NODE_SILENT)
+        else:
+            self._unreachable.pop(name, None)
+        at = tuple(sorted(gpus))
+        wall = self.state.clock.wall()
+        return Observation(
+            faults=tuple(faults),
+            gpus=at,
+            cordoned=bool((node.get("spec") or {}).get("unschedulable")),
+            pods_left=len(self._affected(name, at)),
+            verdict=verdict,
+            boot=boot,
+            cooling=cooling,
+            tainted=_tainted(node),
+            repeats=repeats(_history(node), places(tuple(faults)), wall, args.repeat_window_s),
+        )
+
+    def _affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
+        """Pods on the faulty GPUs (every GPU pod for None) not leaving yet.
+
+        Lowest QoS first, the most recently placed of a class first.
+        """
+        pods = self.pods()
+        out = [
+            a
+            for a in self.state.allocations.on_node(name)
+            if (gpus is None or set(a.gpu_indices) & set(gpus))
+            and not leaving(pods.get((a.namespace, a.name)))
+        ]
+        return sorted(out, key=lambda a: (a.qos, -a.assigned_at))
+
+    def _adopt(self, name: str, text: str | None) -> None:
+        """Take the node's annotation as the record (unreadable: none, and say so)."""
+        self._known[name] = text
+        self.records.pop(name, None)
+        if not text:
+            return
+        try:
+            self.records[name] = Record.from_json(orjson.loads(text))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            log.warning("node %s: its remediation annotation is unreadable: %s", name, exc)
+
+    def _load(self) -> None:
+        """Read the records back from the node annotations (a new leader, or a restart)."""
+        self.records.clear()
+        self._known.clear()
+        for name, node in self.nodes().items():
+            self._adopt(name, annotation(node))
+        self._loaded = True
+
+    async def _current(self, name: str, node: JsonDict) -> JsonDict | None:
+        """The node, with its record as the API server has it when the watch shows another.
+
+        The watch may lag our own write; or a person edited or removed the record: then it is
+        what counts now. None when the node cannot be read (tried again next round).
+        """
+        if annotation(node) == self._known.get(name):
+            return node
+        try:
+            node = await self.act.read_node(name)
+        except KubeError as exc:
+            log.warning("remediation: node %s: reading it: %s", name, exc)
+            return None
+        text = annotation(node)
+        if text != self._known.get(name):
+            log.warning("node %s: its remediation record was changed by someone else", name)
+            self._adopt(name, text)
+        return node
+
+    # -- one round -----------------------------------------------------------------------------
+    async def step(self, args: RemediationArgs) -> None:
+        """One round over every GPU node."""
+        if not self.synced():
+            return  # the records must be read back from a full list of the nodes
+        if args.dry_run != self._dry_run:
+            self._dry_run, self._loaded = args.dry_run, False  # a dry run's plan is not real
+            self._planned.clear()
+        if not self._loaded:
+            self._load()
+        nodes = self.nodes()
+        wall = self.state.clock.wall()
+        names = sorted(set(self.state.store.nodes()) | set(self.records) | _gpu_nodes(nodes))
+        cap = args.cordon_cap(len(names))
+        for name in names:
+            watched = nodes.get(name)
+            if watched is None:
+                self.records.pop(name, None)
+                self._known.pop(name, None)
+                self._unreachable.pop(name, None)
+                continue
+            if opted_out(watched):
+                continue
+            node = await self._current(name, watched)
+            if node is None:
+                continue
+            rec = self.records.get(name)
+            obs = self.observe(name, node, args)
+            if rec is not None and rec.phase in CORDONED:
+                left = self._affected(name, _union(rec.gpus, obs.gpus))
+                if args.dry_run:
+                    left = [a for a in left if (a.namespace, a.name) not in self._planned]
+                    obs = replace(obs, cordoned=True)
+                elif not obs.cordoned:  # an uncordon, or a watch that lags our cordon?
+                    obs = replace(obs, cordoned=await self._cordoned_now(name))
+                obs = replace(obs, pods_left=len(left))
+            # A dry run's plans hold no place under the cap: every fault is planned.
+            held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
+            new, actions = step(
+                rec, obs, wall, args, owner=self.identity, room=held < cap,
+                new_id=lambda: uuid.uuid4().hex[:12],
+            )  # fmt: skip
+            if args.dry_run and rec is not None and rec.phase in CORDONED:
+                # A dry run stops at planning the drain; it ends when the fault does.
+                new, actions = (rec, ()) if obs.faults else (None, ())
+            await self._apply(name, node, rec, new, actions, obs, args)
+
+    async def _cordoned_now(self, name: str) -> bool:
+        """The node's ``spec.unschedulable`` as the API server has it (the watch may lag)."""
+        try:
+            node = await self.act.read_node(name)
+        except KubeError:
+            return True  # cannot tell: assume nobody uncordoned it
+        return bool((node.get("spec") or {}).get("unschedulable"))
+
+    async def _apply(
+        self,
+        name: str,
+        node: JsonDict,
+        old: Record | None,
+        new: Record | None,
+        actions: tuple[Action, ...],
+        obs: Observation,
+        args: RemediationArgs,
+    ) -> None:
+        """Write the node (record, taint, cordon, label) in one patch, then evict.
+
+        The record is kept only once written: a failed call is tried again next round.
+        """
+        ref = {"kind": "Node", "name": name, "uid": (node.get("metadata") or {}).get("uid", "")}
+        last = new or old
+        reason = last.reason if last else "no fault, and no readable record"
+        writes: list[Action] = [a for a in actions if a is not Action.EVICT]
+        if args.dry_run:
+            for action in writes:
+                log.warning("remediation (dry run): node %s: would %s: %s", name, action, reason)
+                self.act.metrics.remediation.labels(action.value, "gpu_fault", "dry_run").inc()
+                kind = "Warning" if action is not Action.UNCORDON else "Normal"
+                await self.act.event(ref, "DryRun" + _EVENT_REASON[action], reason, kind)
+        else:
+            text = _text(new)
+            if writes or text != self._known.get(name):
+                build = self._build(new, writes, obs, last.owns_cordon if last else True)
+                try:
+                    await self.act.patch_node(name, node, build, self._known.get(name))
+                except RecordChanged as exc:
+                    log.warning("remediation: node %s: %s: taking the record found", name, exc)
+                    self._adopt(name, annotation(exc.node))
+                    return
+                except KubeError as exc:
+                    log.warning("remediation: node %s: %s failed: %s", name, writes, exc)
+                    for action in writes:
+                        self.act.metrics.remediation.labels(
+                            action.value, "gpu_fault", "failed"
+                        ).inc()
+                    return
+                self._known[name] = text
+                await self.act.set_condition(name, self._condition(new))
+                if Action.CORDON in writes and obs.tainted:
+                    message = (
+                        f"our taint without a readable record, and a fault: adopted ({reason})"
+                    )
+                    await self.act.event(ref, "EdgeGPUAdopted", message, "Warning")
+                for action in writes:
+                    log.warning("remediation: node %s: %s: %s", name, action, reason)
+                    self.act.metrics.remediation.labels(action.value, "gpu_fault", "done").inc()
+                    kind = "Normal" if action in (Action.UNCORDON, Action.SELF_TEST) else "Warning"
+                    await self.act.event(ref, _EVENT_REASON[action], f"{action}: {reason}", kind)
+        if (old.phase if old else None) != (new.phase if new else None):
+            self.act.metrics.remediation_transitions.labels(
+                new.phase.value if new else "healthy"
+            ).inc()
+        if new is None:
+            self.records.pop(name, None)
+        else:
+            self.records[name] = new
+        if Action.EVICT in actions and new is not None:
+            for pod in self._affected(name, new.gpus):
+                if args.dry_run:
+                    if (pod.namespace, pod.name) in self._planned:
+                        continue
+                    self._planned.add((pod.namespace, pod.name))
+                await self.act.evict(pod, "gpu_fault", f"GPU fault on node {name}: {reason}", args)
+
+    def _build(
+        self, rec: Record | None, writes: list[Action], obs: Observation, owns: bool
+    ) -> Callable[[JsonDict], JsonDict]:
+        """The patch for the node as it is (rebuilt from a fresh copy after a conflict)."""
+        text = _text(rec)
+        taint = cordon = None
+        if Action.CORDON in writes:
+            taint, cordon = "add", True if owns else None
+        elif {Action.UNCORDON, Action.RELEASE, Action.CLEAN_UP} & set(writes):
+            taint = "remove"
+            if Action.CLEAN_UP in writes or (Action.UNCORDON in writes and owns):
+                cordon = False
+        wall = self.state.clock.wall()
+
+        def build(node: JsonDict) -> JsonDict:
+            meta: JsonDict = {
+                "annotations": {REMEDIATION_ANNOTATION: text},
+                "labels": {REMEDIATION_STATE_LABEL: rec.phase.value if text and rec else None},
+            }
+            patch: JsonDict = {"metadata": meta}
+            if Action.CORDON in writes and rec is not None:
+                args = self.state.policy.spec.remediation
+                history = remember(_history(node), places(rec.faults), wall, args.repeat_window_s)
+                meta["annotations"][REMEDIATION_HISTORY_ANNOTATION] = _history_text(history)
+            if taint is not None:
+                taints = [
+                    t
+                    for t in (node.get("spec") or {}).get("taints") or []
+                    if t.get("key") != UNHEALTHY_TAINT
+                ]
+                if taint == "add":
+                    taints.append({"key": UNHEALTHY_TAINT, "effect": "NoSchedule",
+                                   "timeAdded": stamp(wall)})  # fmt: skip
+                patch["spec"] = {"taints": taints}
+                if cordon is True:
+                    patch["spec"]["unschedulable"] = True
+                elif cordon is False:
+                    patch["spec"]["unschedulable"] = None
+            return patch
+
+        return build
+
+    def _condition(self, rec: Record | None) -> JsonDict:
+        """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows."""
+        wall = stamp(self.state.clock.wall())
+        healthy = rec is None or rec.phase is Phase.SUSPECT
+        return {
+            "type": HEALTH_CONDITION,
+            "status": "True" if healthy else "False",
+            "reason": "GPUsHealthy" if rec is None or healthy else _CONDITION_REASON[rec.phase],
+            "message": "no GPU fault" if rec is None or healthy else f"{rec.phase}: {rec.reason}",
+            "lastHeartbeatTime": wall,
+            "lastTransitionTime": wall,
+        }
+
+    def view(self) -> list[dict[str, Any]]:
+        """``GET /debug/remediation``: every node not healthy, its history and next step."""
+        out = []
+        for name, rec in sorted(self.records.items()):
+            doc = rec.to_json()
+            doc["node"] = name
+            doc["next"] = _NEXT[rec.phase]
+            out.append(doc)
+        return out
+
+
+def _gpu_nodes(nodes: Mapping[str, JsonDict]) -> set[str]:
+    """Nodes that advertise GPUs (a node silent since before our start is still seen)."""
+    out = set()
+    for name, node in nodes.items():
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        if any(str(allocatable.get(r, "0")) not in ("0", "") for r in MANAGED_RESOURCES):
+            out.add(name)
+    return out
+
+
+def _union(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    return None if a is None or b is None else tuple(sorted({*a, *b}))
