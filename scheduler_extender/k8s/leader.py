@@ -85,7 +85,9 @@ class LeaseElector:
         """Stop, and give the Lease up if held (the next replica need not wait it out)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        if self._leader:
+        held = self._leader
+        self._set(False)  # before the Lease is given up: nothing more is written from here
+        if held:
             try:
                 lease = self._api.get_lease(self.namespace, self.name)
                 if lease and lease.get("spec", {}).get("holderIdentity") == self.identity:
@@ -93,7 +95,6 @@ class LeaseElector:
                     self._api.replace_lease(self.namespace, self.name, lease)
             except KubeError as exc:
                 log.info("could not release the lease: %s", exc)
-            self._set(False)
 
     def _set(self, leader: bool) -> None:
         if leader != self._leader:

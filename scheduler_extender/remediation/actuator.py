@@ -209,8 +209,9 @@ class Actuator:
                 f"evict pod {name}", True, self.kube.evict_pod, pod.namespace, pod.name, pod.pod_uid
             )
         except KubeError as exc:
-            # 409: a new pod of that name (ours is gone).
-            result = {404: "gone", 409: "gone", 429: "blocked"}.get(exc.status, "failed")
+            # A 409 on the uid precondition: a new pod of that name (ours is gone).
+            gone = exc.status == 404 or (exc.status == 409 and "recondition" in str(exc))
+            result = "gone" if gone else {429: "blocked"}.get(exc.status, "failed")
             log.warning("remediation: evicting %s: %s (%s)", name, exc, result)
             self.metrics.remediation.labels("evict", why, result).inc()
             if result != "gone":  # a budget or an error: back off, up to a minute

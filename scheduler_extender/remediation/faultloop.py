@@ -34,6 +34,7 @@ from scheduler_extender.names import (
 from scheduler_extender.policy.remediation import RemediationArgs
 from scheduler_extender.remediation.actuator import (
     Actuator,
+    NotLeading,
     RecordChanged,
     annotation,
     opted_out,
@@ -41,6 +42,7 @@ from scheduler_extender.remediation.actuator import (
 )
 from scheduler_extender.remediation.faults import (
     CORDONED,
+    LATEST_S,
     Action,
     History,
     Observation,
@@ -106,17 +108,26 @@ def _history(node: JsonDict) -> History:
 
 
 def _epoch(text: Any) -> float:
-    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    t = datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    if not 0 <= t < LATEST_S:
+        raise ValueError(f"time out of range: {text}")
+    return t
 
 
 def _history_text(history: History) -> str:
     return orjson.dumps({w: [stamp(t) for t in ts] for w, ts in sorted(history.items())}).decode()
 
 
-def _tainted(node: JsonDict) -> bool:
-    return any(
-        t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or []
-    )
+OWNS_CORDON = "cordoned"
+"""Our taint's value when we set ``spec.unschedulable`` (and may lift it)."""
+
+
+def _taint(node: JsonDict) -> JsonDict | None:
+    """Our taint on the node, if there."""
+    for t in (node.get("spec") or {}).get("taints") or []:
+        if t.get("key") == UNHEALTHY_TAINT:
+            return dict(t)
+    return None
 
 
 class FaultLoop:
@@ -155,6 +166,7 @@ class FaultLoop:
         self.records.clear()
         self._known.clear()
         self._planned.clear()
+        self._unreachable.clear()  # seen again from the start when acting again
 
     # -- what the agents are asked -------------------------------------------------------------
     def requests(self, node: str) -> dict[str, Any]:
@@ -224,7 +236,8 @@ class FaultLoop:
             verdict=verdict,
             boot=boot,
             cooling=cooling,
-            tainted=_tainted(node),
+            tainted=(taint := _taint(node)) is not None,
+            ours_cordon=taint is not None and taint.get("value") == OWNS_CORDON,
             repeats=repeats(_history(node), places(tuple(faults)), wall, args.repeat_window_s),
         )
 
@@ -295,37 +308,52 @@ class FaultLoop:
         names = sorted(set(self.state.store.nodes()) | set(self.records) | _gpu_nodes(nodes))
         cap = args.cordon_cap(len(names))
         for name in names:
-            watched = nodes.get(name)
-            if watched is None:
-                self.records.pop(name, None)
-                self._known.pop(name, None)
-                self._unreachable.pop(name, None)
-                continue
-            if opted_out(watched):
-                continue
-            node = await self._current(name, watched)
-            if node is None:
-                continue
-            rec = self.records.get(name)
-            obs = self.observe(name, node, args)
-            if rec is not None and rec.phase in CORDONED:
-                left = self._affected(name, _union(rec.gpus, obs.gpus))
-                if args.dry_run:
-                    left = [a for a in left if (a.namespace, a.name) not in self._planned]
-                    obs = replace(obs, cordoned=True)
-                elif not obs.cordoned:  # an uncordon, or a watch that lags our cordon?
-                    obs = replace(obs, cordoned=await self._cordoned_now(name))
-                obs = replace(obs, pods_left=len(left))
-            # A dry run's plans hold no place under the cap: every fault is planned.
-            held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
-            new, actions = step(
-                rec, obs, wall, args, owner=self.identity, room=held < cap,
-                new_id=lambda: uuid.uuid4().hex[:12],
-            )  # fmt: skip
-            if args.dry_run and rec is not None and rec.phase in CORDONED:
-                # A dry run stops at planning the drain; it ends when the fault does.
-                new, actions = (rec, ()) if obs.faults else (None, ())
-            await self._apply(name, node, rec, new, actions, obs, args)
+            try:
+                await self._node(name, nodes.get(name), args, wall, cap)
+            except NotLeading:
+                raise
+            except Exception:  # one node's odd data never stops the others
+                log.exception("remediation: node %s: round failed; carrying on", name)
+
+    async def _node(
+        self, name: str, watched: JsonDict | None, args: RemediationArgs, wall: float, cap: int
+    ) -> None:
+        """One node's round: observe, decide, act."""
+        if watched is None:
+            self.records.pop(name, None)
+            self._known.pop(name, None)
+            self._unreachable.pop(name, None)
+            return
+        if opted_out(watched):
+            return
+        node = await self._current(name, watched)
+        if node is None:
+            return
+        rec = self.records.get(name)
+        obs = self.observe(name, node, args)
+        if rec is not None and rec.phase in CORDONED:
+            left = self._affected(name, _union(rec.gpus, obs.gpus))
+            if args.dry_run:
+                left = [a for a in left if (a.namespace, a.name) not in self._planned]
+                obs = replace(obs, cordoned=True)
+            elif not obs.cordoned:  # an uncordon, or a watch that lags our cordon?
+                obs = replace(obs, cordoned=await self._cordoned_now(name))
+            obs = replace(obs, pods_left=len(left))
+        # A dry run's plans hold no place under the cap: every fault is planned.
+        held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
+        new, actions = step(
+            rec, obs, wall, args, owner=self.identity, room=held < cap,
+            new_id=lambda: uuid.uuid4().hex[:12],
+        )  # fmt: skip
+        if args.dry_run and rec is not None and rec.phase in CORDONED:
+            # A dry run stops at planning the drain; it ends when the fault does.
+            new, actions = (rec, ()) if obs.faults else (None, ())
+        if args.dry_run and Action.CLEAN_UP in actions:
+            actions = ()  # what a real run left is not a dry run's to plan
+        if new is not None and old_fields(new) == old_fields(rec) and not actions:
+            self.records[name] = new  # only the wording changed: not worth a node write
+            return
+        await self._apply(name, node, rec, new, actions, obs, args)
 
     async def _cordoned_now(self, name: str) -> bool:
         """The node's ``spec.unschedulable`` as the API server has it (the watch may lag)."""
@@ -414,7 +442,9 @@ class FaultLoop:
             taint, cordon = "add", True if owns else None
         elif {Action.UNCORDON, Action.RELEASE, Action.CLEAN_UP} & set(writes):
             taint = "remove"
-            if Action.CLEAN_UP in writes or (Action.UNCORDON in writes and owns):
+            if (Action.CLEAN_UP in writes and obs.ours_cordon) or (
+                Action.UNCORDON in writes and owns
+            ):
                 cordon = False
         wall = self.state.clock.wall()
 
@@ -436,6 +466,7 @@ class FaultLoop:
                 ]
                 if taint == "add":
                     taints.append({"key": UNHEALTHY_TAINT, "effect": "NoSchedule",
+                                   "value": OWNS_CORDON if owns else "",
                                    "timeAdded": stamp(wall)})  # fmt: skip
                 patch["spec"] = {"taints": taints}
                 if cordon is True:
@@ -468,6 +499,13 @@ class FaultLoop:
             doc["next"] = _NEXT[rec.phase]
             out.append(doc)
         return out
+
+
+def old_fields(rec: Record | None) -> tuple[Any, ...] | None:
+    """What of a record is worth a node write: all but the wording and the owner."""
+    if rec is None:
+        return None
+    return (rec.phase, rec.since, rec.gpus, rec.owns_cordon, rec.request, rec.boot, rec.faults)
 
 
 def _gpu_nodes(nodes: Mapping[str, JsonDict]) -> set[str]:

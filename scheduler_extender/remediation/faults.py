@@ -86,7 +86,9 @@ class Observation:
     cooling: bool = False
     """A GPU of the node is hot or in its thermal cool-down."""
     tainted: bool = False
-    """The node carries our taint (we cordoned it, whatever its annotation says now)."""
+    """The node carries our taint (we were there, whatever its annotation says now)."""
+    ours_cordon: bool = False
+    """Our taint says we cordoned the node (not someone before us)."""
     repeats: int = 0
     """Earlier drains, within ``repeatWindow``, of the GPU (or node) the fault is on."""
 
@@ -147,7 +149,7 @@ class Record:
                 started=_epoch(doc.get("started", doc["since"])),
                 owner=str(doc.get("owner", "")),
                 gpus=None if gpus is None else tuple(int(g) for g in gpus),
-                owns_cordon=bool(doc.get("ownsCordon", True)),
+                owns_cordon=doc.get("ownsCordon", True) is not False,
                 request=str(doc.get("request", "")),
                 boot=str(doc.get("boot", "")),
                 faults=tuple(str(f) for f in doc.get("faults") or ()),
@@ -164,8 +166,15 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+LATEST_S = 32503680000.0
+"""Year 3000: a later (or a negative) time in a record is not one we wrote."""
+
+
 def _epoch(text: Any) -> float:
-    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    t = datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    if not 0 <= t < LATEST_S:
+        raise ValueError(f"time out of range: {text}")
+    return t
 
 
 def _reason(faults: tuple[str, ...]) -> str:
@@ -188,12 +197,14 @@ def places(faults: tuple[str, ...]) -> set[str]:
 
 def repeats(history: History, where: set[str], now: float, window_s: float) -> int:
     """The most cordons of any of ``where`` within the window before ``now``."""
-    return max((sum(1 for t in history.get(w, ()) if now - t < window_s) for w in where), default=0)
+    return max(
+        (sum(1 for t in history.get(w, ()) if 0 <= now - t < window_s) for w in where), default=0
+    )
 
 
 def remember(history: History, where: set[str], now: float, window_s: float) -> History:
     """``history`` with a cordon at ``now`` for each place of ``where``; older ones dropped."""
-    out = {w: tuple(t for t in ts if now - t < window_s) for w, ts in history.items()}
+    out = {w: tuple(t for t in ts if 0 <= now - t < window_s) for w, ts in history.items()}
     for w in where:
         out[w] = (*out.get(w, ()), now)
     return {w: ts for w, ts in out.items() if ts}
@@ -231,7 +242,7 @@ def step(
         if now - rec.started < args.confirm_after_s or not room:
             return rec, ()
         # Our taint on a cordoned node: a cordon of ours whose record a person removed.
-        owns = not obs.cordoned or obs.tainted
+        owns = not obs.cordoned or obs.ours_cordon
         if obs.repeats + 1 >= args.repeat_limit:
             why = (
                 f"fault number {obs.repeats + 1} on {', '.join(sorted(_where(faults)))} within "

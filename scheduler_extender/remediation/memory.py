@@ -58,6 +58,10 @@ class Budgets:
         self._over: dict[str, float] = {}
         """Pods over their blocks: uid → since when (monotonic; inf once evicted)."""
 
+    def reset(self) -> None:
+        """Not acting for a while: every pod's grace starts over when acting again."""
+        self._over.clear()
+
     async def step(self) -> None:
         """One round."""
         spec = self.state.policy.spec

@@ -81,11 +81,11 @@ class Remediator:
         The records are read back from the annotations whenever leadership is new.
         """
         args = self.state.policy.spec.remediation
-        if not args.enabled or not self.leading(0.0):
+        if not args.enabled or not self.leading(0.0) or args.paused:
+            # What was seen while not acting starts over (grace periods, unreachable times).
             self.faults.reset()
-            return []
-        if args.paused:
-            if not self._paused_said:
+            self.budgets.reset()
+            if args.paused and args.enabled and not self._paused_said:
                 log.warning("remediation is paused (spec.remediation.paused): acting on nothing")
                 self._paused_said = True
             return []
@@ -99,6 +99,7 @@ class Remediator:
         except NotLeading as exc:
             log.warning("remediation: leadership lost before %s: round stopped", exc)
             self.faults.reset()
+            self.budgets.reset()
             return []
         return due
 

@@ -456,3 +456,61 @@ async def test_the_reboot_ask_names_the_boot_it_was_decided_for(
     await r.step()
     ask = r.requests("n0")["reboot"]
     assert ask["boot"] == "host-1" and ask["id"]
+
+
+# -- records nobody should have written ----------------------------------------------------------
+async def test_a_record_with_an_impossible_time_stops_no_other_node(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    odd = {"state": "needs-human", "since": "9999-12-31T23:59:59-12:00", "reason": "x"}
+    c.live("n0")["metadata"].setdefault("annotations", {})[REMEDIATION_ANNOTATION] = json.dumps(odd)
+    kube.put("nodes", c.live("n0"))
+    r = c.remediator()
+    await _drain(c, r, "n1")
+    assert c.node("n1")["spec"]["unschedulable"] is True
+
+
+async def test_clean_up_leaves_a_cordon_someone_else_made(kube: FakeKube, kubeconfig: Path) -> None:
+    c = Cluster(kube, kubeconfig)
+    c.live("n0")["spec"]["unschedulable"] = True  # an operator's, before the fault
+    kube.put("nodes", c.live("n0"))
+    r = c.remediator()
+    await _drain(c, r)
+    assert c.record("n0")["ownsCordon"] is False
+    c.push("n0")
+    c.live("n0")["metadata"]["annotations"][REMEDIATION_ANNOTATION] = "garbage"
+    kube.put("nodes", c.live("n0"))
+    await r.step()
+    node = c.node("n0")
+    assert not [t for t in node["spec"].get("taints") or [] if t["key"] == UNHEALTHY_TAINT]
+    assert node["spec"]["unschedulable"] is True  # not ours to lift
+
+
+async def test_a_dry_run_plans_no_clean_up_of_what_a_real_run_left(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+    await _drain(c, r)
+    c.state.set_policy(parse_policy({"spec": {"remediation": {"enabled": True, "dryRun": True}}}))
+    c.push("n0")
+    for _ in range(4):
+        await r.step()
+    assert not c.events("DryRunEdgeGPURecordCleanedUp")
+
+
+async def test_reasons_that_change_wording_do_not_rewrite_the_node_every_round(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+    await _drain(c, r)
+    await r.step()
+    assert c.record("n0")["state"] == "self-test"
+    before = len([m for m, p in kube.requests_to("/api/v1/nodes/n0$") if m == "PATCH"])
+    for _ in range(5):
+        c.push("n0", 0)
+        await r.step()
+    after = len([m for m, p in kube.requests_to("/api/v1/nodes/n0$") if m == "PATCH"])
+    assert after == before
