@@ -1,4 +1,4 @@
-"""The AMD backend against a fake ``amdsmi`` at the library boundary (issue 30)."""
+"""The AMD backend against a fake ``amdsmi`` at the library boundary."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The agent's kubelet device plugin over real gRPC on unix sockets (issue 26).
+"""The agent's kubelet device plugin over real gRPC on unix sockets.
 
 kubelet's side here is a Registration server and DevicePlugin client on the same wire API
 (v1beta1); ``tests/e2e`` drives the plugin with a driver built on kubelet's own Go packages.

@@ -1,4 +1,4 @@
-"""The Intel backend against xpu-smi's JSON output (tests/fixtures/xpu-smi), issue 30."""
+"""The Intel backend against xpu-smi's JSON output (tests/fixtures/xpu-smi)."""
 
 import json
 import os

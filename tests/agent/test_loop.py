@@ -266,7 +266,7 @@ async def test_one_nonsense_reading_is_reported_as_null_and_every_other_gpu_stil
 
 
 async def test_a_forged_push_that_outranks_the_agent_pins_the_node_for_one_round_only():
-    """Issue 28 D7: a push under the agent's boot id with a huge seq made the extender ignore
+    """A push under the agent's boot id with a huge seq made the extender ignore
     the genuine agent until it restarted. The boot id is no longer shown by /debug, and an
     agent told its report is not newer starts a new boot id."""
     clock = Clock()
@@ -306,7 +306,7 @@ class _Switch(httpx.AsyncBaseTransport):
 
 
 async def test_a_cool_down_survives_the_extenders_restart_through_the_agents_report():
-    """Issue 28 D6: a restarted extender forgot that a GPU was cooling down. The agent now says
+    """A restarted extender forgot that a GPU was cooling down. The agent now says
     how long ago each GPU was last at the extender's maxTemp (``hot_s_ago``)."""
     from scheduler_extender.telemetry.clock import FakeClock
 
@@ -360,7 +360,7 @@ async def test_a_hint_counted_from_below_max_temp_or_older_than_the_cool_down_is
 
 
 async def test_a_requested_self_test_runs_once_and_its_verdict_rides_the_next_reports(tmp_path):
-    """The fault loop's requests (issue 25): a self-test and a reboot decision, each by id."""
+    """The fault loop's requests: a self-test and a reboot decision, each by id."""
     clock = Clock()
     answers = {"self_test": {"id": "t1"}}
 

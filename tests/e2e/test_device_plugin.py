@@ -1,4 +1,4 @@
-"""The agent's device plugin with kubelet's device manager (issue 26).
+"""The agent's device plugin with kubelet's device manager.
 
 The fake kubelet's device manager is built on kubelet's own device plugin API package: the
 agent registers ``edgegpu.io/gpu-mem-block`` with it, the blocks become the node's capacity,

@@ -1,4 +1,4 @@
-"""Idle memory blocks lent to a best-effort pod on the real control plane (issue 26).
+"""Idle memory blocks lent to a best-effort pod on the real control plane.
 
 An inference pod holds every block of a T4 and uses 1 GiB of its 12: once idle for ``after``,
 the agent's device plugin advertises 2 blocks again as lent devices, kube-scheduler's count lets

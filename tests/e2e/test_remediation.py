@@ -1,4 +1,4 @@
-"""The GPU fault loop on the real control plane: XID 79 under a Deployment (issue 25).
+"""The GPU fault loop on the real control plane: XID 79 under a Deployment.
 
 kube-controller-manager's ReplicaSet controller replaces the evicted pods; the fake kubelet
 runs them; the simulated agent reports the fault, runs the self-test the extender asks for,

@@ -126,7 +126,7 @@ def test_leader_election_over_a_real_lease_survives_the_leader_dying(cluster: Cl
 def test_a_pod_on_a_gpu_hot_for_longer_than_migrate_after_is_evicted(
     cluster: Cluster, ns: str, say: Callable[[str], None]
 ) -> None:
-    """Issue 25, thermal migration: the leader evicts the lowest-class pod of a hot GPU through
+    """Thermal migration: the leader evicts the lowest-class pod of a hot GPU through
     the Eviction API once it has been hot for longer than ``migrateAfter``; the next one, under
     a PodDisruptionBudget that allows no disruption, is refused every round and never forced."""
     hot = cluster.extenders[0].get("/debug/nodes/hot-0")["gpus"][0]

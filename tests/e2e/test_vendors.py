@@ -1,4 +1,4 @@
-"""Heterogeneous GPUs (issue 30): an AMD node beside the NVIDIA ones, with the real scheduler."""
+"""Heterogeneous GPUs: an AMD node beside the NVIDIA ones, with the real scheduler."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ async def test_policy_health_readiness_metrics_and_docs_answer(client):
 
 
 async def test_every_ref_of_the_openapi_document_resolves(client):
-    """Issue 28 D10: the telemetry schema's ``#/$defs/...`` references resolved nowhere."""
+    """The telemetry schema's ``#/$defs/...`` references resolved nowhere."""
     spec = (await client.get("/openapi.json")).json()
     refs: list[str] = []
 
@@ -101,7 +101,7 @@ async def test_telemetry_age_is_exported_per_node(client, clock):
 
 
 async def test_debug_endpoints_can_be_kept_to_loopback_or_turned_off():
-    """Issue 28: ``--debug-endpoints loopback|off`` restricts /debug/*; ops routes stay."""
+    """``--debug-endpoints loopback|off`` restricts /debug/*; ops routes stay."""
     import httpx
 
     from scheduler_extender.api.app import create_app

@@ -142,7 +142,7 @@ async def test_hostile_pushes_get_a_clear_422(client, body):
 
 
 async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monkeypatch):
-    """Issue 28: a client that declares more than it sends held a request open for ever."""
+    """A client that declares more than it sends held a request open for ever."""
     import asyncio
 
     from scheduler_extender import serving

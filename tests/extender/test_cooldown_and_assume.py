@@ -160,7 +160,7 @@ async def test_memory_of_an_assigned_pod_is_not_counted_twice(clock):
 
 
 async def test_a_new_uuid_or_a_report_without_the_gpu_does_not_end_its_cool_down(client, clock):
-    """Issue 28 D6: the same GPU reported under a new uuid, or left out of one report, passed
+    """The same GPU reported under a new uuid, or left out of one report, passed
     the filter while it was still cooling down."""
     await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=92.0, uuid="GPU-x")]))
     await client.post("/v1/telemetry", json=report("a", [gpu(0, temperature_c=60.0, uuid="GPU-x")]))
@@ -189,7 +189,7 @@ async def test_two_gpus_that_swap_indices_keep_their_own_states(client, clock):
 
 
 async def test_a_pod_using_more_than_its_blocks_is_counted_at_its_real_use(clock):
-    """Issue 26: a one-block pod using 12 GiB leaves the GPU with the blocks that are really
+    """A one-block pod using 12 GiB leaves the GPU with the blocks that are really
     free, not the three its reservation alone would leave."""
     node = await _one_block_pod_using(clock, 16384.0, 12288.0)
     assert node["gpus"][0]["free_blocks"] == 1  # 4 blocks − its 1 − 2 more it uses

@@ -409,8 +409,8 @@ def test_prioritize_decides_afresh_outside_its_pods_cycle(clock, between):
 
 
 def test_kept_candidate_lists_are_bounded_by_the_names_they_hold(monkeypatch):
-    """Issue 28 D5: twelve distinct 1M-name lists took RSS from 140 to 1,710 MiB. Lists and
-    decisions are now kept within a budget of names; a list over it is answered, not kept."""
+    """Distinct huge candidate lists do not grow memory without bound: lists and decisions
+    are kept within a budget of names; a list over it is answered, not kept."""
     from scheduler_extender.state import decide, decisions
 
     monkeypatch.setattr(decisions, "CACHED_NAMES", 100)

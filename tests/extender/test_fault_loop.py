@@ -1,4 +1,4 @@
-"""The GPU fault loop's state machine (issue 25), walked with a fake clock."""
+"""The GPU fault loop's state machine, walked with a fake clock."""
 
 from __future__ import annotations
 

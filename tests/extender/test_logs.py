@@ -1,4 +1,4 @@
-"""Issue 28 D9: a client's text with a newline or terminal escapes cannot forge a log line."""
+"""A client's text with a newline or terminal escapes cannot forge a log line."""
 
 import logging
 

@@ -1,4 +1,4 @@
-"""The GPU fault loop against the fake API server, through the real client (issue 25)."""
+"""The GPU fault loop against the fake API server, through the real client."""
 
 from __future__ import annotations
 
@@ -388,7 +388,7 @@ async def test_a_condition_that_cannot_be_written_does_not_stop_the_loop(
 async def test_a_pod_over_its_blocks_is_warned_at_once_and_evicted_after_the_grace(
     kube: FakeKube, kubeconfig: Path
 ) -> None:
-    """Issue 26: the budget is enforced by watching; the pods within theirs are untouched."""
+    """The budget is enforced by watching; the pods within theirs are untouched."""
     c = Cluster(kube, kubeconfig)
     c.state.set_policy(parse_policy(EVICT_OVER_BUDGET))
     c.pod("big", "n0", 0, QosClass.INFERENCE)

@@ -1,4 +1,4 @@
-"""Issue 28: the served process refuses an oversized request head and keeps serving."""
+"""The served process refuses an oversized request head and keeps serving."""
 
 from __future__ import annotations
 

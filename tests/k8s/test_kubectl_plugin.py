@@ -1,5 +1,5 @@
 """``kubectl edgegpu`` against the fake API server, reaching a real extender process through
-the service proxy as kubectl plugins do (issue 29)."""
+the service proxy as kubectl plugins do."""
 
 from __future__ import annotations
 

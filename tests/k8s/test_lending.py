@@ -1,4 +1,4 @@
-"""Idle memory blocks lent to best-effort pods and taken back (issue 26, memory.idleRelease).
+"""Idle memory blocks lent to best-effort pods and taken back (memory.idleRelease).
 
 A 16 GiB GPU has 4 blocks of 4 GiB. An inference pod holds 3 of them and uses 1 GiB: after
 ``after`` of that it lends 2 blocks, which a best-effort pod may borrow and no other pod may;

@@ -1,4 +1,4 @@
-"""Thermal migration (issue 25): pods leave GPUs hot for longer than ``migrateAfter``."""
+"""Thermal migration: pods leave GPUs hot for longer than ``migrateAfter``."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def _openssl(*args: str) -> None:
 
 
 def test_with_a_client_ca_only_the_scheduler_with_its_certificate_reaches_the_verbs(cert, tmp_path):
-    """Issue 28: kube-scheduler's extender tlsConfig presents a client certificate; without
+    """kube-scheduler's extender tlsConfig presents a client certificate; without
     one the verbs are refused 403, while agents still push with their tokens alone."""
     crt, key = cert
     ca_key, ca_crt = tmp_path / "ca.key", tmp_path / "ca.crt"
