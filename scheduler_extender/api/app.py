@@ -36,9 +36,6 @@ from scheduler_extender.telemetry.clock import Clock, SystemClock
 
 log = logging.getLogger("scheduler_extender")
 
-LEASE_CALL_TIMEOUT_S = 3.0
-"""A Lease call that hangs longer is given up, well before the 10 s renew deadline."""
-
 
 def create_app(
     settings: ExtenderSettings | None = None,
@@ -103,7 +100,7 @@ def create_app(
         identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
         if settings.leader_elect:
             ctx.elector = LeaseElector(
-                kube.with_timeout(LEASE_CALL_TIMEOUT_S),
+                kube,
                 namespace=settings.namespace,
                 name=settings.lease_name,
                 identity=identity,

@@ -43,7 +43,6 @@ class LeaseElector:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], Any] | None = None,
     ) -> None:
-        self._api = api
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -51,6 +50,8 @@ class LeaseElector:
             renew_deadline_s = lease_duration_s * 2 / 3  # client-go's 10 s of 15
         if not 0 < renew_deadline_s < lease_duration_s:
             raise ValueError("renew_deadline_s must be positive and shorter than the lease")
+        # A Lease call that hangs is given up well before the renew deadline runs out.
+        self._api = api.with_timeout(min(api.timeout_s, renew_deadline_s / 3))
         self._duration = lease_duration_s
         self._deadline = renew_deadline_s
         self._retry = retry_s

@@ -40,7 +40,7 @@ def over_budget(state: ClusterState) -> dict[str, tuple[Assignment, float, float
                 if proc.pod_uid and proc.used_mib is not None:
                     used_by[proc.pod_uid] = used_by.get(proc.pod_uid, 0.0) + proc.used_mib
             for uid, used in used_by.items():
-                a = state.assigned_to(uid, node, g.index, count=False)
+                a = state.assigned_to(uid, node, g.index)
                 if a is None or a.whole or not a.mem_blocks:
                     continue
                 budget = float(a.mem_blocks * block_mib)

@@ -105,24 +105,20 @@ class ClusterState:
             for index, pod_uid, _ in push.digest.pods:
                 if self.assigned_to(pod_uid, node, index) is not None:
                     self.allocations.renew(pod_uid, now + ttl)
+                elif self.allocations.get(pod_uid) is not None:
+                    self.foreign_processes += 1  # a pod of another node or GPU: ignored
         if taken:
             self._write_nodes(list(taken))
         return results
 
-    def assigned_to(
-        self, pod_uid: str, node: str, index: int, count: bool = True
-    ) -> Assignment | None:
+    def assigned_to(self, pod_uid: str, node: str, index: int) -> Assignment | None:
         """The pod's assignment when it is on GPU ``index`` of ``node``, as a report says.
 
-        A report speaks for its own node only: a process naming a pod assigned to another node
-        or GPU is counted (``foreign_processes``, unless ``count`` is False: a report is counted
-        once, when it comes) and gets None, as does an unassigned pod.
+        A report speaks for its own node only: None for a pod assigned to another node or GPU,
+        as for an unassigned one.
         """
         a = self.allocations.get(pod_uid)
-        if a is None:
-            return None
-        if a.node != node or index not in a.gpu_indices:
-            self.foreign_processes += count
+        if a is None or a.node != node or index not in a.gpu_indices:
             return None
         return a
 

@@ -47,7 +47,7 @@ async def _drain(c: Cluster, r: Remediator, node: str = "n0") -> None:
 async def test_a_leader_whose_renews_hang_stops_leading_before_another_replica_takes_over(
     kube: FakeKube, kubeconfig: Path
 ) -> None:
-    a = LeaseElector(make_api(kubeconfig).with_timeout(30.0), namespace="edgegpu-system",
+    a = LeaseElector(make_api(kubeconfig), namespace="edgegpu-system",
                      name="lease", identity="a", lease_duration_s=3.0, retry_s=0.2)  # fmt: skip
     b = LeaseElector(make_api(kubeconfig), namespace="edgegpu-system", name="lease",
                      identity="b", lease_duration_s=3.0, retry_s=0.2)  # fmt: skip
