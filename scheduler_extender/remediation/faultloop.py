@@ -16,7 +16,6 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -42,12 +41,13 @@ from scheduler_extender.remediation.actuator import (
 )
 from scheduler_extender.remediation.faults import (
     CORDONED,
-    LATEST_S,
     Action,
     History,
     Observation,
     Phase,
     Record,
+    history_from_json,
+    history_to_json,
     places,
     remember,
     repeats,
@@ -63,7 +63,6 @@ DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx
 NODE_SILENT = "node:not-ready-silent"
 
 _CONDITION_REASON = {
-    Phase.SUSPECT: "Suspect",
     Phase.DRAINING: "Draining",
     Phase.SELF_TEST: "SelfTest",
     Phase.REBOOT_REQUESTED: "RebootRequested",
@@ -99,23 +98,8 @@ def _text(rec: Record | None) -> str | None:
 
 
 def _history(node: JsonDict) -> History:
-    """The node's repeat history (an unreadable one counts as empty)."""
-    try:
-        doc = orjson.loads(annotation(node, REMEDIATION_HISTORY_ANNOTATION) or "{}")
-        return {str(w): tuple(_epoch(t) for t in ts) for w, ts in dict(doc).items()}
-    except (ValueError, TypeError, orjson.JSONDecodeError):
-        return {}
-
-
-def _epoch(text: Any) -> float:
-    t = datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    if not 0 <= t < LATEST_S:
-        raise ValueError(f"time out of range: {text}")
-    return t
-
-
-def _history_text(history: History) -> str:
-    return orjson.dumps({w: [stamp(t) for t in ts] for w, ts in sorted(history.items())}).decode()
+    """The node's repeat history."""
+    return history_from_json(annotation(node, REMEDIATION_HISTORY_ANNOTATION))
 
 
 OWNS_CORDON = "cordoned"
@@ -274,13 +258,18 @@ class FaultLoop:
             self._adopt(name, annotation(node))
         self._loaded = True
 
-    async def _current(self, name: str, node: JsonDict) -> JsonDict | None:
-        """The node, with its record as the API server has it when the watch shows another.
+    async def _current(self, name: str, node: JsonDict, args: RemediationArgs) -> JsonDict | None:
+        """The node as the API server has it, when the watch may be behind.
 
-        The watch may lag our own write; or a person edited or removed the record: then it is
-        what counts now. None when the node cannot be read (tried again next round).
+        That is when the watch shows another record than the one we know (our own write not
+        seen yet, or a person edited or removed it: then it is what counts now), or shows a node
+        we hold uncordoned (an operator's uncordon, or our cordon not seen yet). None when the
+        node cannot be read (tried again next round).
         """
-        if annotation(node) == self._known.get(name):
+        rec = self.records.get(name)
+        held = not args.dry_run and rec is not None and rec.phase in CORDONED
+        uncordoned = not (node.get("spec") or {}).get("unschedulable")
+        if annotation(node) == self._known.get(name) and not (held and uncordoned):
             return node
         try:
             node = await self.act.read_node(name)
@@ -326,7 +315,7 @@ class FaultLoop:
             return
         if opted_out(watched):
             return
-        node = await self._current(name, watched)
+        node = await self._current(name, watched, args)
         if node is None:
             return
         rec = self.records.get(name)
@@ -336,8 +325,6 @@ class FaultLoop:
             if args.dry_run:
                 left = [a for a in left if (a.namespace, a.name) not in self._planned]
                 obs = replace(obs, cordoned=True)
-            elif not obs.cordoned:  # an uncordon, or a watch that lags our cordon?
-                obs = replace(obs, cordoned=await self._cordoned_now(name))
             obs = replace(obs, pods_left=len(left))
         # A dry run's plans hold no place under the cap: every fault is planned.
         held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
@@ -354,14 +341,6 @@ class FaultLoop:
             self.records[name] = new  # only the wording changed: not worth a node write
             return
         await self._apply(name, node, rec, new, actions, obs, args)
-
-    async def _cordoned_now(self, name: str) -> bool:
-        """The node's ``spec.unschedulable`` as the API server has it (the watch may lag)."""
-        try:
-            node = await self.act.read_node(name)
-        except KubeError:
-            return True  # cannot tell: assume nobody uncordoned it
-        return bool((node.get("spec") or {}).get("unschedulable"))
 
     async def _apply(
         self,
@@ -457,7 +436,7 @@ class FaultLoop:
             if Action.CORDON in writes and rec is not None:
                 args = self.state.policy.spec.remediation
                 history = remember(_history(node), places(rec.faults), wall, args.repeat_window_s)
-                meta["annotations"][REMEDIATION_HISTORY_ANNOTATION] = _history_text(history)
+                meta["annotations"][REMEDIATION_HISTORY_ANNOTATION] = history_to_json(history)
             if taint is not None:
                 taints = [
                     t

@@ -23,6 +23,7 @@ wall seconds, so that a record read back from the node annotation after a restar
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -166,13 +167,13 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-LATEST_S = 32503680000.0
+_LATEST_S = 32503680000.0
 """Year 3000: a later (or a negative) time in a record is not one we wrote."""
 
 
 def _epoch(text: Any) -> float:
     t = datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    if not 0 <= t < LATEST_S:
+    if not 0 <= t < _LATEST_S:
         raise ValueError(f"time out of range: {text}")
     return t
 
@@ -188,6 +189,20 @@ def _where(faults: tuple[str, ...]) -> set[str]:
 
 History = dict[str, tuple[float, ...]]
 """When each place (``gpu0``, ``node``) was cordoned for a fault: the repeat count's memory."""
+
+
+def history_from_json(text: str | None) -> History:
+    """A history read back from its annotation (an unreadable one counts as empty)."""
+    try:
+        doc = json.loads(text or "{}")
+        return {str(w): tuple(_epoch(t) for t in ts) for w, ts in dict(doc).items()}
+    except (ValueError, TypeError):
+        return {}
+
+
+def history_to_json(history: History) -> str:
+    """A history as its annotation holds it."""
+    return json.dumps({w: [_stamp(t) for t in ts] for w, ts in sorted(history.items())})
 
 
 def places(faults: tuple[str, ...]) -> set[str]:
