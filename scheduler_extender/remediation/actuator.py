@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scheduler_extender.domain import Assignment
 from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.names import REMEDIATION_ANNOTATION, REMEDIATION_OPT_OUT
 from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.remediation.marks import annotation, opted_out, stamp
 from scheduler_extender.telemetry.clock import Clock
 
 log = logging.getLogger("scheduler_extender.remediation")
@@ -44,22 +43,6 @@ class RecordChanged(KubeError):
         """The node as it is now."""
 
 
-def stamp(wall: float) -> str:
-    """RFC 3339 seconds, as Events and taints carry them."""
-    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def annotation(node: JsonDict, key: str = REMEDIATION_ANNOTATION) -> str | None:
-    """One annotation of a Node object (None when absent)."""
-    value = ((node.get("metadata") or {}).get("annotations") or {}).get(key)
-    return None if value is None else str(value)
-
-
-def opted_out(node: JsonDict) -> bool:
-    """Whether the node carries the opt-out label ``edgegpu.io/remediation=disabled``."""
-    return ((node.get("metadata") or {}).get("labels") or {}).get(REMEDIATION_OPT_OUT) == "disabled"
-
-
 class Actuator:
     """Evictions, node patches, conditions and Events, for every remediation controller."""
 
@@ -70,7 +53,7 @@ class Actuator:
         clock: Clock,
         leading: Callable[[float], bool],
         *,
-        nodes: Callable[[], dict[str, JsonDict]] | Callable[[], Any] = dict,
+        nodes: Callable[[], Mapping[str, JsonDict]] = dict,
         identity: str = COMPONENT,
         timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:

@@ -22,34 +22,20 @@ import orjson
 
 from scheduler_extender.domain import Assignment
 from scheduler_extender.k8s.client import JsonDict, KubeError
-from scheduler_extender.names import (
-    HEALTH_CONDITION,
-    MANAGED_RESOURCES,
-    REMEDIATION_ANNOTATION,
-    REMEDIATION_HISTORY_ANNOTATION,
-    REMEDIATION_STATE_LABEL,
-    UNHEALTHY_TAINT,
-)
 from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.remediation import marks
 from scheduler_extender.remediation.actuator import (
     Actuator,
     NotLeading,
     RecordChanged,
-    annotation,
-    opted_out,
-    stamp,
 )
 from scheduler_extender.remediation.faults import (
     CORDONED,
     Action,
-    History,
     Observation,
     Phase,
     Record,
-    history_from_json,
-    history_to_json,
     places,
-    remember,
     repeats,
     step,
 )
@@ -62,14 +48,6 @@ DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx
 """Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
 NODE_SILENT = "node:not-ready-silent"
 
-_CONDITION_REASON = {
-    Phase.DRAINING: "Draining",
-    Phase.SELF_TEST: "SelfTest",
-    Phase.REBOOT_REQUESTED: "RebootRequested",
-    Phase.VERIFYING: "Verifying",
-    Phase.NEEDS_HUMAN: "NeedsHuman",
-    Phase.RELEASED: "ReleasedByOperator",
-}
 _EVENT_REASON = {
     Action.CORDON: "EdgeGPUCordoned",
     Action.SELF_TEST: "EdgeGPUSelfTestRequested",
@@ -88,30 +66,6 @@ _NEXT = {
     Phase.NEEDS_HUMAN: "an operator: fix the node, then kubectl uncordon it",
     Phase.RELEASED: "nothing until the fault clears (an operator uncordoned the node)",
 }
-
-
-def _text(rec: Record | None) -> str | None:
-    """The annotation a record is written as (None: no annotation; suspects are not written)."""
-    if rec is None or rec.phase is Phase.SUSPECT:
-        return None
-    return orjson.dumps(rec.to_json()).decode()
-
-
-def _history(node: JsonDict) -> History:
-    """The node's repeat history."""
-    return history_from_json(annotation(node, REMEDIATION_HISTORY_ANNOTATION))
-
-
-OWNS_CORDON = "cordoned"
-"""Our taint's value when we set ``spec.unschedulable`` (and may lift it)."""
-
-
-def _taint(node: JsonDict) -> JsonDict | None:
-    """Our taint on the node, if there."""
-    for t in (node.get("spec") or {}).get("taints") or []:
-        if t.get("key") == UNHEALTHY_TAINT:
-            return dict(t)
-    return None
 
 
 class FaultLoop:
@@ -220,9 +174,9 @@ class FaultLoop:
             verdict=verdict,
             boot=boot,
             cooling=cooling,
-            tainted=(taint := _taint(node)) is not None,
-            ours_cordon=taint is not None and taint.get("value") == OWNS_CORDON,
-            repeats=repeats(_history(node), places(tuple(faults)), wall, args.repeat_window_s),
+            tainted=(taint := marks.our_taint(node)) is not None,
+            ours_cordon=taint is not None and taint.get("value") == marks.OWNS_CORDON,
+            repeats=repeats(marks.history(node), places(tuple(faults)), wall, args.repeat_window_s),
         )
 
     def _affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
@@ -255,7 +209,7 @@ class FaultLoop:
         self.records.clear()
         self._known.clear()
         for name, node in self.nodes().items():
-            self._adopt(name, annotation(node))
+            self._adopt(name, marks.annotation(node))
         self._loaded = True
 
     async def _current(self, name: str, node: JsonDict, args: RemediationArgs) -> JsonDict | None:
@@ -269,14 +223,14 @@ class FaultLoop:
         rec = self.records.get(name)
         held = not args.dry_run and rec is not None and rec.phase in CORDONED
         uncordoned = not (node.get("spec") or {}).get("unschedulable")
-        if annotation(node) == self._known.get(name) and not (held and uncordoned):
+        if marks.annotation(node) == self._known.get(name) and not (held and uncordoned):
             return node
         try:
             node = await self.act.read_node(name)
         except KubeError as exc:
             log.warning("remediation: node %s: reading it: %s", name, exc)
             return None
-        text = annotation(node)
+        text = marks.annotation(node)
         if text != self._known.get(name):
             log.warning("node %s: its remediation record was changed by someone else", name)
             self._adopt(name, text)
@@ -294,7 +248,7 @@ class FaultLoop:
             self._load()
         nodes = self.nodes()
         wall = self.state.clock.wall()
-        names = sorted(set(self.state.store.nodes()) | set(self.records) | _gpu_nodes(nodes))
+        names = sorted(set(self.state.store.nodes()) | set(self.records) | marks.gpu_nodes(nodes))
         cap = args.cordon_cap(len(names))
         for name in names:
             try:
@@ -313,7 +267,7 @@ class FaultLoop:
             self._known.pop(name, None)
             self._unreachable.pop(name, None)
             return
-        if opted_out(watched):
+        if marks.opted_out(watched):
             return
         node = await self._current(name, watched, args)
         if node is None:
@@ -337,7 +291,11 @@ class FaultLoop:
             new, actions = (rec, ()) if obs.faults else (None, ())
         if args.dry_run and Action.CLEAN_UP in actions:
             actions = ()  # what a real run left is not a dry run's to plan
-        if new is not None and old_fields(new) == old_fields(rec) and not actions:
+        if (
+            new is not None
+            and marks.written_fields(new) == marks.written_fields(rec)
+            and not actions
+        ):
             self.records[name] = new  # only the wording changed: not worth a node write
             return
         await self._apply(name, node, rec, new, actions, obs, args)
@@ -367,14 +325,18 @@ class FaultLoop:
                 kind = "Warning" if action is not Action.UNCORDON else "Normal"
                 await self.act.event(ref, "DryRun" + _EVENT_REASON[action], reason, kind)
         else:
-            text = _text(new)
+            text = marks.record_text(new)
             if writes or text != self._known.get(name):
-                build = self._build(new, writes, obs, last.owns_cordon if last else True)
+                build = marks.node_patch(
+                    new, writes, owns=last.owns_cordon if last else True,
+                    ours_cordon=obs.ours_cordon, wall=self.state.clock.wall(),
+                    window_s=args.repeat_window_s,
+                )  # fmt: skip
                 try:
                     await self.act.patch_node(name, node, build, self._known.get(name))
                 except RecordChanged as exc:
                     log.warning("remediation: node %s: %s: taking the record found", name, exc)
-                    self._adopt(name, annotation(exc.node))
+                    self._adopt(name, marks.annotation(exc.node))
                     return
                 except KubeError as exc:
                     log.warning("remediation: node %s: %s failed: %s", name, writes, exc)
@@ -384,7 +346,7 @@ class FaultLoop:
                         ).inc()
                     return
                 self._known[name] = text
-                await self.act.set_condition(name, self._condition(new))
+                await self.act.set_condition(name, marks.condition(new, self.state.clock.wall()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (
                         f"our taint without a readable record, and a fault: adopted ({reason})"
@@ -411,64 +373,6 @@ class FaultLoop:
                     self._planned.add((pod.namespace, pod.name))
                 await self.act.evict(pod, "gpu_fault", f"GPU fault on node {name}: {reason}", args)
 
-    def _build(
-        self, rec: Record | None, writes: list[Action], obs: Observation, owns: bool
-    ) -> Callable[[JsonDict], JsonDict]:
-        """The patch for the node as it is (rebuilt from a fresh copy after a conflict)."""
-        text = _text(rec)
-        taint = cordon = None
-        if Action.CORDON in writes:
-            taint, cordon = "add", True if owns else None
-        elif {Action.UNCORDON, Action.RELEASE, Action.CLEAN_UP} & set(writes):
-            taint = "remove"
-            if (Action.CLEAN_UP in writes and obs.ours_cordon) or (
-                Action.UNCORDON in writes and owns
-            ):
-                cordon = False
-        wall = self.state.clock.wall()
-
-        def build(node: JsonDict) -> JsonDict:
-            meta: JsonDict = {
-                "annotations": {REMEDIATION_ANNOTATION: text},
-                "labels": {REMEDIATION_STATE_LABEL: rec.phase.value if text and rec else None},
-            }
-            patch: JsonDict = {"metadata": meta}
-            if Action.CORDON in writes and rec is not None:
-                args = self.state.policy.spec.remediation
-                history = remember(_history(node), places(rec.faults), wall, args.repeat_window_s)
-                meta["annotations"][REMEDIATION_HISTORY_ANNOTATION] = history_to_json(history)
-            if taint is not None:
-                taints = [
-                    t
-                    for t in (node.get("spec") or {}).get("taints") or []
-                    if t.get("key") != UNHEALTHY_TAINT
-                ]
-                if taint == "add":
-                    taints.append({"key": UNHEALTHY_TAINT, "effect": "NoSchedule",
-                                   "value": OWNS_CORDON if owns else "",
-                                   "timeAdded": stamp(wall)})  # fmt: skip
-                patch["spec"] = {"taints": taints}
-                if cordon is True:
-                    patch["spec"]["unschedulable"] = True
-                elif cordon is False:
-                    patch["spec"]["unschedulable"] = None
-            return patch
-
-        return build
-
-    def _condition(self, rec: Record | None) -> JsonDict:
-        """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows."""
-        wall = stamp(self.state.clock.wall())
-        healthy = rec is None or rec.phase is Phase.SUSPECT
-        return {
-            "type": HEALTH_CONDITION,
-            "status": "True" if healthy else "False",
-            "reason": "GPUsHealthy" if rec is None or healthy else _CONDITION_REASON[rec.phase],
-            "message": "no GPU fault" if rec is None or healthy else f"{rec.phase}: {rec.reason}",
-            "lastHeartbeatTime": wall,
-            "lastTransitionTime": wall,
-        }
-
     def view(self) -> list[dict[str, Any]]:
         """``GET /debug/remediation``: every node not healthy, its history and next step."""
         out = []
@@ -478,23 +382,6 @@ class FaultLoop:
             doc["next"] = _NEXT[rec.phase]
             out.append(doc)
         return out
-
-
-def old_fields(rec: Record | None) -> tuple[Any, ...] | None:
-    """What of a record is worth a node write: all but the wording and the owner."""
-    if rec is None:
-        return None
-    return (rec.phase, rec.since, rec.gpus, rec.owns_cordon, rec.request, rec.boot, rec.faults)
-
-
-def _gpu_nodes(nodes: Mapping[str, JsonDict]) -> set[str]:
-    """Nodes that advertise GPUs (a node silent since before our start is still seen)."""
-    out = set()
-    for name, node in nodes.items():
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        if any(str(allocatable.get(r, "0")) not in ("0", "") for r in MANAGED_RESOURCES):
-            out.add(name)
-    return out
 
 
 def _union(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> tuple[int, ...] | None:
