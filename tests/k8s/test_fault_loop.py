@@ -305,7 +305,7 @@ async def test_the_push_answer_carries_the_request_and_debug_shows_the_node(
         assert row["node"] == "n0" and row["state"] == "self-test" and row["next"]
 
 
-async def _to_self_test(c: Cluster, r: Remediator, host: str = "host-1") -> str:
+async def to_self_test(c: Cluster, r: Remediator, host: str = "host-1") -> str:
     c.push("n0", 0, host=host)
     await r.step()
     c.clock.advance(6.0)
@@ -321,7 +321,7 @@ async def test_a_failed_self_test_asks_the_booted_node_to_reboot_and_not_again_o
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    request = await _to_self_test(c, r)
+    request = await to_self_test(c, r)
     c.self_test = {"id": request, "verdict": "fail", "detail": "dcgmi diag: fail"}
     c.push("n0", 0, host="host-1")
     await r.step()
@@ -359,7 +359,7 @@ async def test_nothing_is_read_back_or_done_before_the_node_watch_has_listed(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     first = c.remediator()
-    await _to_self_test(c, first)
+    await to_self_test(c, first)
     listed = [False]
     second = c.remediator("replica-b", synced=lambda: listed[0])
     c.push("n0")  # the fault has cleared meanwhile
@@ -376,7 +376,7 @@ async def test_a_condition_that_cannot_be_written_does_not_stop_the_loop(
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
     kube.refuse[("PATCH", "/api/v1/nodes/n0/status$")] = 403
-    request = await _to_self_test(c, r)
+    request = await to_self_test(c, r)
     assert c.node("n0")["spec"]["unschedulable"] is True
     c.self_test = {"id": request, "verdict": "pass", "detail": ""}
     c.push("n0")

@@ -30,7 +30,7 @@ from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.conftest import make_api
-from tests.k8s.test_fault_loop import EVICT_OVER_BUDGET, Cluster
+from tests.k8s.test_fault_loop import EVICT_OVER_BUDGET, Cluster, to_self_test
 from tests.k8s.test_lending import LENDING, hold, sample
 
 
@@ -41,6 +41,14 @@ async def _drain(c: Cluster, r: Remediator, node: str = "n0") -> None:
     c.clock.advance(6.0)
     c.push(node, 0)
     await r.step()
+
+
+async def _pass_self_test(c: Cluster, r: Remediator) -> None:
+    """n0's agent passes the self-test asked of it (a pass clears its XID)."""
+    c.self_test = {"id": r.requests("n0")["self_test"]["id"], "verdict": "pass", "detail": ""}
+    c.push("n0")
+    await r.step()
+    c.self_test = None
 
 
 # -- fenced leadership ---------------------------------------------------------------------------
@@ -245,12 +253,8 @@ async def test_the_third_fault_on_a_gpu_within_a_day_goes_to_needs_human_not_ano
         if hour < 2:
             assert c.record("n0")["state"] == "draining"
             await r.step()
-            request = r.requests("n0")["self_test"]["id"]
-            c.self_test = {"id": request, "verdict": "pass", "detail": ""}
-            c.push("n0")  # the pass clears the agent's XID
-            await r.step()
+            await _pass_self_test(c, r)
             assert c.record("n0") is None and not c.node("n0")["spec"].get("unschedulable")
-            c.self_test = None
             c.clock.advance(3600.0)
     assert c.record("n0")["state"] == "needs-human"
     assert c.node("n0")["spec"]["unschedulable"] is True
@@ -264,12 +268,8 @@ async def test_a_fault_after_the_repeat_window_is_drained_as_usual(
 ) -> None:
     c = Cluster(kube, kubeconfig, repeatLimit=2, repeatWindow="1h")
     r = c.remediator()
-    await _drain(c, r)
-    await r.step()
-    c.self_test = {"id": r.requests("n0")["self_test"]["id"], "verdict": "pass", "detail": ""}
-    c.push("n0")
-    await r.step()
-    c.self_test = None
+    await to_self_test(c, r)
+    await _pass_self_test(c, r)
     c.clock.advance(3700.0)
     await _drain(c, r)
     assert c.record("n0")["state"] in ("draining", "self-test")
@@ -327,9 +327,7 @@ async def test_a_removed_record_with_the_fault_still_there_is_adopted_and_uncord
     assert c.events("EdgeGPUAdopted")
     assert c.record("n0")["ownsCordon"] is True
     await r.step()
-    c.self_test = {"id": r.requests("n0")["self_test"]["id"], "verdict": "pass", "detail": ""}
-    c.push("n0")
-    await r.step()
+    await _pass_self_test(c, r)
     assert not c.node("n0")["spec"].get("unschedulable")  # our cordon, so we lift it
 
 
@@ -338,9 +336,7 @@ async def test_the_leader_honours_a_hand_edit_of_the_record(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
-    await r.step()
-    assert c.record("n0")["state"] == "self-test"
+    await to_self_test(c, r)
     edited = dict(c.record("n0") or {}, state="needs-human")
     c.live("n0")["metadata"]["annotations"][REMEDIATION_ANNOTATION] = json.dumps(edited)
     kube.put("nodes", c.live("n0"))
@@ -445,13 +441,7 @@ async def test_the_reboot_ask_names_the_boot_it_was_decided_for(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    c.push("n0", 0, host="host-1")
-    await r.step()
-    c.clock.advance(6.0)
-    c.push("n0", 0, host="host-1")
-    await r.step()
-    await r.step()
-    c.self_test = {"id": r.requests("n0")["self_test"]["id"], "verdict": "fail", "detail": ""}
+    c.self_test = {"id": await to_self_test(c, r), "verdict": "fail", "detail": ""}
     c.push("n0", 0, host="host-1")
     await r.step()
     ask = r.requests("n0")["reboot"]
@@ -505,9 +495,7 @@ async def test_reasons_that_change_wording_do_not_rewrite_the_node_every_round(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
-    await r.step()
-    assert c.record("n0")["state"] == "self-test"
+    await to_self_test(c, r)
     before = len([m for m, p in kube.requests_to("/api/v1/nodes/n0$") if m == "PATCH"])
     for _ in range(5):
         c.push("n0", 0)
