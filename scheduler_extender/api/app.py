@@ -117,6 +117,7 @@ def create_app(
             pods=lambda: sync.pods,
             synced=lambda: sync.synced,
             identity=identity,
+            namespace=settings.namespace,
         )
         acting = asyncio.create_task(ctx.remediator.run())
         try:

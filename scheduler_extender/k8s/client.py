@@ -260,6 +260,36 @@ class KubeApi:
         )
         return doc
 
+    def get_config_map(self, namespace: str, name: str) -> JsonDict | None:
+        """A ConfigMap, or None when there is none."""
+        try:
+            doc: JsonDict = orjson.loads(
+                self._call(self.core.read_namespaced_config_map, name, namespace).data
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return doc
+
+    def put_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Create a ConfigMap with ``data``, or replace the data of the one there."""
+        body: JsonDict = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": data,
+        }
+        try:
+            self._call(self.core.create_namespaced_config_map, namespace, body)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            self._call(
+                self.core.patch_namespaced_config_map, name, namespace, {"data": data},
+                _content_type=MERGE_PATCH,
+            )  # fmt: skip
+
     def set_policy_status(self, name: str, status: JsonDict) -> None:
         """Write a GPUSchedulingPolicy's status subresource."""
         self._call(

@@ -74,6 +74,24 @@ class RemediationArgs(ArgsModel):
         alias="repeatWindow",
         description="The window in which repeated faults on one GPU are counted (24h).",
     )
+    breaker_percent: float = Field(
+        30.0,
+        alias="breakerPercent",
+        ge=0,
+        le=100,
+        description="% of GPU nodes (at least one) that may be cordoned within breakerWindow; "
+        "one more trips the circuit breaker: no new cordon until an operator resets it by "
+        "deleting the ConfigMap edgegpu-remediation-breaker (0: no breaker).",
+    )
+    breaker_window_s: Duration = Field(
+        3600.0,
+        alias="breakerWindow",
+        description="The sliding window of the circuit breaker (1h).",
+    )
+
+    def breaker_allows(self, gpu_nodes: int) -> int:
+        """Nodes that may be cordoned within ``breakerWindow`` before the breaker trips."""
+        return max(1, math.floor(gpu_nodes * self.breaker_percent / 100.0))
 
     def cordon_cap(self, gpu_nodes: int) -> int:
         """Nodes remediation may hold cordoned at once, out of ``gpu_nodes``."""

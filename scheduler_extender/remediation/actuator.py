@@ -4,8 +4,8 @@ Every write is made only while this replica leads and will still lead when the w
 runs out (``leading``), so a replica that lost the Lease, or was frozen and woke up, changes
 nothing. Every call has a timeout: one that runs over is abandoned, logged and counted. Node
 writes carry the resourceVersion they were computed from; on a conflict the node is read again,
-and the write is retried only while its remediation record is still the one this replica knows
-(another writer's record wins: ``RecordChanged``). Imports ``k8s``, ``metrics`` and ``names``.
+and the write is retried only while what it was decided from is as it was (another writer's
+change wins: ``RecordChanged``). Imports ``k8s``, ``metrics`` and ``names``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from scheduler_extender.domain import Assignment
 from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.remediation import RemediationArgs
-from scheduler_extender.remediation.marks import annotation, opted_out, stamp
+from scheduler_extender.remediation import marks
+from scheduler_extender.remediation.marks import opted_out, stamp
 from scheduler_extender.telemetry.clock import Clock
 
 log = logging.getLogger("scheduler_extender.remediation")
@@ -35,10 +36,10 @@ class NotLeading(Exception):
 
 
 class RecordChanged(KubeError):
-    """The node's remediation record changed under us (a person, or another leader): not written."""
+    """The node's record, cordon or our taint changed under us (a person, another leader)."""
 
     def __init__(self, name: str, node: JsonDict) -> None:
-        super().__init__(409, f"node {name}: its remediation record changed since it was read")
+        super().__init__(409, f"node {name}: its record, cordon or taint changed since it was read")
         self.node = node
         """The node as it is now."""
 
@@ -96,14 +97,14 @@ class Actuator:
         name: str,
         node: JsonDict,
         build: Callable[[JsonDict], JsonDict],
-        record: str | None,
     ) -> JsonDict:
         """Merge-patch the node with ``build(node)``, at the node's resourceVersion.
 
-        ``record``: the remediation annotation this replica knows the node has. On a conflict
-        the node is read again; the patch is rebuilt and sent once more only while the
-        annotation is still ``record`` (else ``RecordChanged``). Returns the node written.
+        On a conflict the node is read again; the patch is rebuilt and sent once more only
+        while what the decision was made from (our record, the cordon, our taint) is as it was
+        (else ``RecordChanged``: decide again from the node as it is). Returns the node written.
         """
+        decided_on = marks.decided_on(node)
         for attempt in range(2):
             patch = build(node)
             meta = patch.setdefault("metadata", {})
@@ -117,9 +118,22 @@ class Actuator:
                 if exc.status != 409 or attempt:
                     raise
             node = await self.read_node(name)
-            if annotation(node) != record:
+            if marks.decided_on(node) != decided_on:
                 raise RecordChanged(name, node)
         raise AssertionError("unreachable")
+
+    async def read_config_map(self, namespace: str, name: str) -> JsonDict | None:
+        """A ConfigMap of ours, or None when there is none."""
+        doc: JsonDict | None = await self._call(
+            f"get configmap {name}", False, self.kube.get_config_map, namespace, name
+        )
+        return doc
+
+    async def write_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Create or update a ConfigMap of ours."""
+        await self._call(
+            f"put configmap {name}", True, self.kube.put_config_map, namespace, name, data
+        )
 
     async def set_condition(self, name: str, condition: JsonDict) -> None:
         """One condition of the node's status (best effort: logged when it fails)."""

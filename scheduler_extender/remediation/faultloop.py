@@ -29,6 +29,7 @@ from scheduler_extender.remediation.actuator import (
     NotLeading,
     RecordChanged,
 )
+from scheduler_extender.remediation.breaker import Breaker
 from scheduler_extender.remediation.faults import (
     CORDONED,
     Action,
@@ -80,9 +81,11 @@ class FaultLoop:
         pods: Callable[[], Mapping[tuple[str, str], JsonDict]],
         synced: Callable[[], bool],
         identity: str,
+        breaker: Breaker,
     ) -> None:
         self.state = state
         self.act = act
+        self.breaker = breaker
         self.nodes = nodes
         self.pods = pods
         self.synced = synced
@@ -97,6 +100,8 @@ class FaultLoop:
         """Dry run: pods already logged as ones the loop would evict."""
         self._unreachable: dict[str, float] = {}
         """Nodes NotReady with a silent agent: since when this replica saw it (monotonic)."""
+        self._cordoned: dict[str, float] = {}
+        """Nodes this replica cordoned, and when (wall): the watch may not show them yet."""
 
     def reset(self) -> None:
         """Leadership lost or remediation off: forget everything but what the nodes hold."""
@@ -105,6 +110,8 @@ class FaultLoop:
         self._known.clear()
         self._planned.clear()
         self._unreachable.clear()  # seen again from the start when acting again
+        self._cordoned.clear()
+        self.breaker.reset()
 
     # -- what the agents are asked -------------------------------------------------------------
     def requests(self, node: str) -> dict[str, Any]:
@@ -252,14 +259,20 @@ class FaultLoop:
         cap = args.cordon_cap(len(names))
         for name in names:
             try:
-                await self._node(name, nodes.get(name), args, wall, cap)
+                await self._node(name, nodes.get(name), args, wall, cap, len(names))
             except NotLeading:
                 raise
             except Exception:  # one node's odd data never stops the others
                 log.exception("remediation: node %s: round failed; carrying on", name)
 
     async def _node(
-        self, name: str, watched: JsonDict | None, args: RemediationArgs, wall: float, cap: int
+        self,
+        name: str,
+        watched: JsonDict | None,
+        args: RemediationArgs,
+        wall: float,
+        cap: int,
+        gpu_nodes: int,
     ) -> None:
         """One node's round: observe, decide, act."""
         if watched is None:
@@ -282,8 +295,18 @@ class FaultLoop:
             obs = replace(obs, pods_left=len(left))
         # A dry run's plans hold no place under the cap: every fault is planned.
         held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
+        room = held < cap
+        confirming = rec is not None and rec.phase is Phase.SUSPECT and bool(obs.faults)
+        if room and confirming and not args.dry_run and rec is not None:
+            if wall - rec.started >= args.confirm_after_s:  # a cordon is due: may it be?
+                self._cordoned = {
+                    n: t for n, t in self._cordoned.items() if wall - t < args.breaker_window_s
+                }
+                room = await self.breaker.allows(
+                    name, self.nodes(), self._cordoned, gpu_nodes, args
+                )
         new, actions = step(
-            rec, obs, wall, args, owner=self.identity, room=held < cap,
+            rec, obs, wall, args, owner=self.identity, room=room,
             new_id=lambda: uuid.uuid4().hex[:12],
         )  # fmt: skip
         if args.dry_run and rec is not None and rec.phase in CORDONED:
@@ -333,10 +356,11 @@ class FaultLoop:
                     window_s=args.repeat_window_s,
                 )  # fmt: skip
                 try:
-                    await self.act.patch_node(name, node, build, self._known.get(name))
+                    await self.act.patch_node(name, node, build)
                 except RecordChanged as exc:
-                    log.warning("remediation: node %s: %s: taking the record found", name, exc)
-                    self._adopt(name, marks.annotation(exc.node))
+                    log.warning("remediation: node %s: %s: deciding again", name, exc)
+                    if marks.annotation(exc.node) != self._known.get(name):
+                        self._adopt(name, marks.annotation(exc.node))  # another's record wins
                     return
                 except KubeError as exc:
                     log.warning("remediation: node %s: %s failed: %s", name, writes, exc)
@@ -346,6 +370,8 @@ class FaultLoop:
                         ).inc()
                     return
                 self._known[name] = text
+                if Action.CORDON in writes:
+                    self._cordoned[name] = self.state.clock.wall()
                 await self.act.set_condition(name, marks.condition(new, self.state.clock.wall()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (

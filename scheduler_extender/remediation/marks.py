@@ -72,6 +72,12 @@ def our_taint(node: JsonDict) -> JsonDict | None:
     return next((dict(t) for t in _taints(node) if t.get("key") == UNHEALTHY_TAINT), None)
 
 
+def decided_on(node: JsonDict) -> tuple[Any, ...]:
+    """What of a node a fault-loop decision reads: our record, the cordon, our taint."""
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+    return annotation(node), unschedulable, our_taint(node)
+
+
 def history(node: JsonDict) -> History:
     """The node's repeat history."""
     return history_from_json(annotation(node, REMEDIATION_HISTORY_ANNOTATION))

@@ -17,6 +17,7 @@ from typing import Any
 from scheduler_extender.k8s.client import JsonDict, KubeApi
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.remediation.actuator import CALL_TIMEOUT_S, COMPONENT, Actuator, NotLeading
+from scheduler_extender.remediation.breaker import Breaker
 from scheduler_extender.remediation.faultloop import FaultLoop
 from scheduler_extender.remediation.faults import Record
 from scheduler_extender.remediation.memory import Budgets, Reclaim
@@ -47,8 +48,12 @@ class Remediator:
         synced: Callable[[], bool] = lambda: True,
         identity: str = COMPONENT,
         timeout_s: float = CALL_TIMEOUT_S,
+        namespace: str = "edgegpu-system",
     ) -> None:
-        """``leading(s)``: whether this replica leads now and will still ``s`` seconds on."""
+        """``leading(s)``: whether this replica leads now and will still ``s`` seconds on.
+
+        ``namespace``: the extender's own, where the circuit breaker's ConfigMap lives.
+        """
         self.state = state
         self.leading = leading
         self.act = Actuator(
@@ -59,8 +64,9 @@ class Remediator:
         self.budgets = Budgets(state, self.act)
         self.reclaim = Reclaim(state, self.act)
         self.faults = FaultLoop(
-            state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity
-        )
+            state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity,
+            breaker=Breaker(self.act, namespace),
+        )  # fmt: skip
         self._paused_said = False
 
     @property

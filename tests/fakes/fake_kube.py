@@ -53,6 +53,7 @@ KINDS = {
         Kind("pods", "Pod", "v1", True),
         Kind("events", "Event", "v1", True),
         Kind("leases", "Lease", "coordination.k8s.io/v1", True),
+        Kind("configmaps", "ConfigMap", "v1", True),
         Kind("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
         Kind("gpuschedulingpolicies", "GPUSchedulingPolicy", "kepler.io/v1", False),
     )

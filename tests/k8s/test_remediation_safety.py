@@ -502,3 +502,62 @@ async def test_reasons_that_change_wording_do_not_rewrite_the_node_every_round(
         await r.step()
     after = len([m for m, p in kube.requests_to("/api/v1/nodes/n0$") if m == "PATCH"])
     assert after == before
+
+
+# -- the circuit breaker -------------------------------------------------------------------------
+async def test_one_cordon_too_many_in_the_window_trips_the_breaker_until_an_operator_resets_it(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=4, breakerPercent=50, maxUnavailablePercent=100)
+    r = c.remediator()
+    for _ in range(2):
+        for n in ("n0", "n1", "n2"):
+            c.push(n, 0)
+        await r.step()
+        c.clock.advance(6.0)
+    cordoned = {n for n in ("n0", "n1", "n2") if c.node(n)["spec"].get("unschedulable")}
+    assert len(cordoned) == 2  # half of the 4 GPU nodes within the hour: the third waits
+    breaker = kube.get("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
+    assert breaker is not None and breaker["data"]["state"] == "tripped"
+    assert c.events("EdgeGPURemediationBreakerTripped")
+    c.clock.advance(7200.0)  # the window has passed: still tripped until a person says so
+    for n in ("n0", "n1", "n2"):
+        c.push(n, 0)
+    await r.step()
+    (waiting,) = {"n0", "n1", "n2"} - cordoned
+    assert not c.node(waiting)["spec"].get("unschedulable")
+    kube.delete("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")  # the reset
+    c.push(waiting, 0)
+    await r.step()
+    assert c.node(waiting)["spec"]["unschedulable"] is True
+    reset = kube.get("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
+    assert reset is not None and reset["data"]["state"] == "closed"
+
+
+async def test_a_cordon_that_races_an_operators_cordon_is_decided_again_not_replayed(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    stale: dict[str, Any] = {}
+
+    def snapshot() -> None:
+        stale.clear()
+        stale.update({k[2]: json.loads(json.dumps(v)) for k, v in kube.objects.items()
+                      if k[0] == "nodes"})  # fmt: skip
+
+    r = Remediator(
+        c.state, make_api(kubeconfig), ExtenderMetrics(CollectorRegistry(), c.state),
+        lambda _s: True, nodes=lambda: stale,
+    )  # fmt: skip
+    snapshot()
+    c.push("n0", 0)
+    await r.step()
+    c.clock.advance(6.0)
+    c.live("n0")["spec"]["unschedulable"] = True  # an operator, just before our cordon
+    kube.put("nodes", c.live("n0"))
+    c.push("n0", 0)
+    await r.step()  # our write meets a conflict: not sent again on the old decision
+    assert c.record("n0") is None
+    snapshot()
+    await r.step()
+    assert c.record("n0")["ownsCordon"] is False  # decided again: the cordon is not ours
