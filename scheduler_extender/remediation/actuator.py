@@ -72,11 +72,21 @@ class Actuator:
 
     # -- calls ---------------------------------------------------------------------------------
     async def _call(self, what: str, write: bool, fn: Callable[..., Any], *args: Any) -> Any:
-        """One API call in a thread, given up after the timeout (and for a write, fenced)."""
+        """One API call in a thread, given up after the timeout (and for a write, fenced).
+
+        A write asks again in its thread, right before it is sent: a thread that started late
+        (a busy or frozen process) sends nothing once leadership is in doubt.
+        """
+
+        def fenced() -> Any:
+            if write and not self.leading(self.timeout_s):
+                raise NotLeading(what)
+            return fn(*args)
+
         if write and not self.leading(self.timeout_s):
             raise NotLeading(what)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s)
+            return await asyncio.wait_for(asyncio.to_thread(fenced), self.timeout_s)
         except TimeoutError:
             log.error("remediation: %s took over %.0f s: abandoned", what, self.timeout_s)
             self.metrics.remediation_timeouts.labels(what.split(" ", 1)[0]).inc()

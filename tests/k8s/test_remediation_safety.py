@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from scheduler_extender.domain import Assignment, QosClass
@@ -561,3 +562,18 @@ async def test_a_cordon_that_races_an_operators_cordon_is_decided_again_not_repl
     snapshot()
     await r.step()
     assert c.record("n0")["ownsCordon"] is False  # decided again: the cordon is not ours
+
+
+async def test_a_write_whose_thread_starts_after_leadership_is_gone_sends_nothing(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    from scheduler_extender.remediation.actuator import Actuator, NotLeading
+
+    c = Cluster(kube, kubeconfig, count=1)
+    answers = iter([True, False])  # leading when the round asks; gone when the thread runs
+    act = Actuator(make_api(kubeconfig), ExtenderMetrics(CollectorRegistry(), c.state),
+                   c.clock, lambda _s: next(answers))  # fmt: skip
+    before = len(kube.requests)
+    with pytest.raises(NotLeading):
+        await act.patch_node("n0", c.live("n0"), lambda n: {"metadata": {}})
+    assert len(kube.requests) == before
