@@ -6,11 +6,36 @@ Imports nothing but the standard library; every other module may import this one
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 MAX_GPUS_PER_NODE = 64
 """Telemetry contract limits (``telemetry.schema``): GPUs a report may list, processes a GPU."""
 MAX_PROCESSES_PER_GPU = 1024
+MAX_HOLDERS_PER_NODE = 1024
+"""Pods a report may list as holding a GPU's memory blocks (kubelet's default maxPods is 110)."""
+MAX_BLOCKS_PER_HOLDER = 65_536
+"""Memory blocks one pod may hold on one GPU in a report (the device plugin's cap on the device
+IDs of one request)."""
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A Kubernetes namespace: a DNS label (63 characters at most)."""
+POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A pod's name: a DNS subdomain (253 characters at most)."""
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+"""Text with no control characters (a GPU uuid, as the device plugin names its blocks)."""
+
+
+def duplicate_holder(holders: Iterable[tuple[str, str, str]]) -> str | None:
+    """Why a report's holders (namespace, pod name, GPU uuid) are refused; None when they are not.
+
+    Each pod and GPU is listed once: the agent sums a pod's blocks of one GPU.
+    """
+    seen: set[tuple[str, str, str]] = set()
+    for key in holders:
+        if key in seen:
+            return f"holder {key[0]}/{key[1]} of gpu {key[2]} appears twice"
+        seen.add(key)
+    return None
 
 
 class QosClass(enum.IntEnum):

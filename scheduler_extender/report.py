@@ -29,7 +29,17 @@ from typing import Annotated, Literal, cast
 import msgspec
 import numpy as np
 
-from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU, Health
+from scheduler_extender.domain import (
+    MAX_BLOCKS_PER_HOLDER,
+    MAX_GPUS_PER_NODE,
+    MAX_HOLDERS_PER_NODE,
+    MAX_PROCESSES_PER_GPU,
+    NAMESPACE_PATTERN,
+    POD_NAME_PATTERN,
+    PRINTABLE_PATTERN,
+    Health,
+    duplicate_holder,
+)
 from scheduler_extender.gpu_fields import GPU_FIELDS
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
@@ -106,6 +116,22 @@ class SelfTestResult(msgspec.Struct, frozen=True, gc=False):
     detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
+class PodHolder(msgspec.Struct, frozen=True, gc=False):
+    """A pod whose containers kubelet gave memory blocks of one GPU."""
+
+    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=NAMESPACE_PATTERN)]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=POD_NAME_PATTERN)]
+    gpu_uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PRINTABLE_PATTERN)]
+    blocks: Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCKS_PER_HOLDER)]
+
+    def __post_init__(self) -> None:
+        # The patterns' ``$`` also matches before a final newline here (``re.search``), not in
+        # the contract's model: refuse it as the contract does.
+        for value in (self.namespace, self.name, self.gpu_uuid):
+            if value.endswith("\n"):
+                raise ValueError(f"{value[:-1]!r} ends with a newline")
+
+
 class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     """One push from one node agent: every GPU of the node."""
 
@@ -126,6 +152,9 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     hot_threshold_c: _Celsius | None = None
     self_test: SelfTestResult | None = None
     host_boot_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    holders: (
+        Annotated[tuple[PodHolder, ...], msgspec.Meta(max_length=MAX_HOLDERS_PER_NODE)] | None
+    ) = None
 
     def __post_init__(self) -> None:
         seen: set[int] = set()
@@ -133,6 +162,10 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
             if gpu.index in seen:
                 raise ValueError(f"gpu index {gpu.index} appears twice")
             seen.add(gpu.index)
+        if self.holders:
+            duplicate = duplicate_holder((h.namespace, h.name, h.gpu_uuid) for h in self.holders)
+            if duplicate is not None:
+                raise ValueError(duplicate)
 
 
 REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)

@@ -18,6 +18,7 @@ from scheduler_extender.report import (
     GpuProcess,
     GpuReport,
     NodeHealth,
+    PodHolder,
     TelemetryReport,
 )
 from scheduler_extender.telemetry import schema
@@ -27,6 +28,7 @@ __all__ = [
     "GpuProcess",
     "GpuReport",
     "NodeHealth",
+    "PodHolder",
     "ReportError",
     "TelemetryReport",
     "decode_report",

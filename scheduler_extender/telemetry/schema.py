@@ -12,7 +12,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scheduler_extender.domain import MAX_GPUS_PER_NODE, MAX_PROCESSES_PER_GPU
+from scheduler_extender.domain import (
+    MAX_BLOCKS_PER_HOLDER,
+    MAX_GPUS_PER_NODE,
+    MAX_HOLDERS_PER_NODE,
+    MAX_PROCESSES_PER_GPU,
+    NAMESPACE_PATTERN,
+    POD_NAME_PATTERN,
+    PRINTABLE_PATTERN,
+    duplicate_holder,
+)
 
 SCHEMA = "edgegpu.io/telemetry/v1"
 
@@ -93,6 +102,16 @@ class SelfTestResult(_Model):
     detail: Annotated[str, Field(max_length=1024)] = ""
 
 
+class PodHolder(_Model):
+    """A pod whose containers kubelet gave memory blocks of one GPU (its PodResources API)."""
+
+    namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=NAMESPACE_PATTERN)]
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=POD_NAME_PATTERN)]
+    gpu_uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=PRINTABLE_PATTERN)]
+    blocks: Annotated[int, Field(ge=1, le=MAX_BLOCKS_PER_HOLDER)]
+    """Blocks of that GPU the pod's containers hold (lent ones included)."""
+
+
 class TelemetryReport(_Model):
     """One push from one node agent: every GPU of the node."""
 
@@ -115,6 +134,10 @@ class TelemetryReport(_Model):
     host_boot_id: Annotated[str, Field(max_length=64)] | None = None
     """The host's boot id (``/proc/sys/kernel/random/boot_id``): a new one means the node
     rebooted, where a new ``agent.boot_id`` means only that the agent restarted."""
+    holders: Annotated[list[PodHolder], Field(max_length=MAX_HOLDERS_PER_NODE)] | None = None
+    """Which pods hold which GPU's memory blocks, as kubelet says; null when not known (no
+    device plugin, kubelet's PodResources API out of reach, an older agent). Each pod and GPU
+    once."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
@@ -127,6 +150,14 @@ class TelemetryReport(_Model):
                 raise ValueError(f"gpu index {gpu.index} appears twice")
             seen.add(gpu.index)
         return gpus
+
+    @field_validator("holders")
+    @classmethod
+    def _unique_holders(cls, holders: list[PodHolder] | None) -> list[PodHolder] | None:
+        duplicate = duplicate_holder((h.namespace, h.name, h.gpu_uuid) for h in holders or ())
+        if duplicate is not None:
+            raise ValueError(duplicate)
+        return holders
 
     def to_json_bytes(self) -> bytes:
         """The wire form, as an agent sends it."""

@@ -26,6 +26,7 @@ def _struct_fields(struct):
         (schema.NodeHealth, decode.NodeHealth),
         (schema.GpuReport, decode.GpuReport),
         (schema.GpuProcess, decode.GpuProcess),
+        (schema.PodHolder, decode.PodHolder),
     ],
 )
 def test_both_definitions_have_the_same_fields_and_defaults(model, struct):
@@ -54,7 +55,13 @@ def test_both_definitions_have_the_same_fields_and_defaults(model, struct):
 def _variants():
     """Valid reports and reports broken at every limit the schema sets."""
     base = report("n1", [gpu(0, processes=[{"pid": 1, "pod_uid": "u", "used_mib": 10.0}]), gpu(1)])
+    base["holders"] = [
+        {"namespace": "default", "name": "web-0", "gpu_uuid": "GPU-0000", "blocks": 2},
+        {"namespace": "default", "name": "web-0", "gpu_uuid": "GPU-0001", "blocks": 1},
+    ]
     yield "valid", base, True
+    yield "valid, holders not known", {**base, "holders": None}, True
+    yield "valid, no holders", {k: v for k, v in base.items() if k != "holders"}, True
     yield "valid, unknown fields ignored", {**base, "future": {"x": 1}}, True
     yield "valid, nulls", {**base, "gpus": [gpu(0, temperature_c=None, power_w=None)]}, True
     yield (
@@ -97,9 +104,23 @@ def _variants():
         ("label value too long", ("labels",), {"k": "v" * 64}),
         ("gpus not a list", ("gpus",), {"0": {}}),
         ("temperature as text", ("gpus", 0, "temperature_c"), "hot"),
+        ("holder namespace in capitals", ("holders", 0, "namespace"), "Default"),
+        ("holder namespace too long", ("holders", 0, "namespace"), "n" * 64),
+        ("holder pod name too long", ("holders", 0, "name"), "p" * 254),
+        ("holder pod name with a newline", ("holders", 0, "name"), "web-0\n"),
+        ("holder gpu uuid with a control character", ("holders", 0, "gpu_uuid"), "GPU-\x1b0"),
+        ("holder gpu uuid empty", ("holders", 0, "gpu_uuid"), ""),
+        ("holder with no blocks", ("holders", 0, "blocks"), 0),
+        ("holder with no pod name", ("holders", 0, "name"), KeyError),
+        ("the same holder twice", ("holders", 1, "gpu_uuid"), "GPU-0000"),
     ]:
         yield name, broken(path, value), False
     yield "65 gpus", {**base, "gpus": [gpu(i % 64) for i in range(65)]}, False
+    many = [
+        {"namespace": "default", "name": f"p{i}", "gpu_uuid": "GPU-0000", "blocks": 1}
+        for i in range(1025)
+    ]
+    yield "1,025 holders", {**base, "holders": many}, False
 
 
 @pytest.mark.parametrize(
@@ -132,6 +153,17 @@ def test_a_refused_report_lists_every_problem_with_its_place():
     places = {p["loc"] for p in err.value.problems}
     assert places == {"agent.seq", "gpus.0.temperature_c", "gpus.1.utilization_pct"}
     assert str(err.value) == "invalid telemetry report (3 problems)"
+
+
+def test_a_refused_holder_is_named_by_its_place_and_field():
+    doc = report("n1", [gpu(0)])
+    doc["holders"] = [
+        {"namespace": "default", "name": "ok", "gpu_uuid": "GPU-0000", "blocks": 1},
+        {"namespace": "kube_system", "name": "web-0", "gpu_uuid": "GPU-0000", "blocks": 0},
+    ]
+    with pytest.raises(decode.ReportError) as err:
+        decode.decode_report(orjson.dumps(doc))
+    assert {p["loc"] for p in err.value.problems} == {"holders.1.namespace", "holders.1.blocks"}
 
 
 def test_not_json_is_one_located_problem():
