@@ -25,7 +25,7 @@ from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
 from node_agent.deviceplugin.plugin import RESOURCE, BlockPlugin, DevicePluginServer
-from node_agent.deviceplugin.podresources import holders
+from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
@@ -159,6 +159,8 @@ async def _run(
                 if settings.pod_resources_socket
                 else None,
             )
+            if settings.pod_resources_socket:
+                agent.pod_devices = pod_devices(settings.pod_resources_socket, RESOURCE, quiet=True)
             plugin_server = DevicePluginServer(agent.device_plugin, settings.kubelet_dir)
         try:
             if ns.once:

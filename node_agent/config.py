@@ -61,7 +61,8 @@ class AgentSettings(BaseSettings):
     pod_resources_socket: Path | None = Field(
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
         description="kubelet's PodResources API: which containers hold blocks already (after "
-        "an agent restart); unset = not asked.",
+        "an agent restart), and which GPU's blocks each pod holds (asked once a round, reported "
+        "as holders); unset = not asked.",
     )
     block_mib: int | None = Field(
         None,

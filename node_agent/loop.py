@@ -20,13 +20,15 @@ from pydantic import ValidationError
 
 from node_agent import __version__, health, power
 from node_agent.backends.base import GpuBackend
-from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks, device_nodes
+from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks, device_nodes, gpu_holders
+from node_agent.deviceplugin.podresources import Listing
 from node_agent.errors import NotSupported, PermissionDenied
 from node_agent.exporter import AgentMetrics
 from node_agent.model import (
     ActionResult,
     Capabilities,
     GpuHealth,
+    GpuHolder,
     GpuReading,
     PowerAction,
     Snapshot,
@@ -34,7 +36,8 @@ from node_agent.model import (
 from node_agent.push import Ask, Pusher, PushOutcome
 from node_agent.reboot import RebootSentinel
 from node_agent.state import StateFile, starting_block_mib
-from scheduler_extender.telemetry.schema import GpuReport, TelemetryReport
+from scheduler_extender.domain import MAX_HOLDERS_PER_NODE
+from scheduler_extender.telemetry.schema import GpuReport, PodHolder, TelemetryReport
 
 DEFAULT_HOT_THRESHOLD_C = 85.0
 """The GPU temperature counted as hot until an extender says its maxTemp."""
@@ -82,6 +85,35 @@ def _within_contract(gpu: dict[str, Any]) -> dict[str, Any] | None:
         else:
             return gpu
     return None
+
+
+def _holders_within_contract(holders: list[GpuHolder] | None) -> list[dict[str, Any]] | None:
+    """The holders the contract takes, at most ``MAX_HOLDERS_PER_NODE`` of them.
+
+    One holder the contract refuses (a name kubelet should never have) is left out with a
+    warning rather than cost the node its report.
+    """
+    if holders is None:
+        return None
+    out = []
+    for h in holders:
+        doc = {"namespace": h.namespace, "name": h.name, "gpu_uuid": h.gpu_uuid, "blocks": h.blocks}
+        try:
+            PodHolder.model_validate(doc)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+            log.warning("holder %r of gpu %r left out of the report: %s",
+                        f"{h.namespace}/{h.name}"[:300], h.gpu_uuid[:128], problems)  # fmt: skip
+            continue
+        out.append(doc)
+    if len(out) > MAX_HOLDERS_PER_NODE:
+        log.warning("%d holders of GPU blocks: only the first %d are reported",
+                    len(out), MAX_HOLDERS_PER_NODE)  # fmt: skip
+        out = out[:MAX_HOLDERS_PER_NODE]
+    return out
 
 
 @dataclass(slots=True)
@@ -156,6 +188,13 @@ class Agent:
         self.host_boot_id = host_boot_id
         """The host's boot id, sent with every report (a new one: the node rebooted)."""
         self.device_plugin: BlockPlugin | None = None
+        self.pod_devices: Listing | None = None
+        """kubelet's PodResources lookup, asked once a round where the device plugin runs: which
+        pods hold which GPU's blocks, reported as ``holders``."""
+        self.holders: list[GpuHolder] | None = None
+        """Which pods held which GPU's blocks at the last round; None when not known."""
+        self._pod_resources_ok: bool | None = None
+        """Whether kubelet's pod resources answered last time (None: not asked yet)."""
         self._blocks: dict[str, int] = {}
         """By GPU uuid: its block count when last read (kept while the GPU is lost)."""
         self._lend: dict[str, int] = {}
@@ -347,6 +386,7 @@ class Agent:
                 "hot_threshold_c": self.hot_threshold_c,
                 "self_test": self.self_test,
                 "host_boot_id": self.host_boot_id,
+                "holders": _holders_within_contract(self.holders),
             }
         )
 
@@ -365,6 +405,7 @@ class Agent:
         snap = await asyncio.to_thread(self.sample)
         healths, actions = self.decide(snap)
         self._export(snap, healths)
+        self.holders = await self._read_holders()
         report = self.build_report(snap, healths)
         if self.device_plugin is not None:
             await self.device_plugin.update(self._block_devices(snap, healths))
@@ -394,6 +435,24 @@ class Agent:
                 log.warning("an extender ignored our report as not newer: new boot id")
                 self.boot_id, self.seq = str(uuid.uuid4()), 0
         return Round(report, actions, outcome)
+
+    async def _read_holders(self) -> list[GpuHolder] | None:
+        """Which pods hold which GPU's blocks, from kubelet; None where it cannot be asked."""
+        if self.pod_devices is None or self.device_plugin is None:
+            return None
+        try:
+            pods = await self.pod_devices()
+        except Exception as exc:  # kubelet's answer is not ours to trust blindly
+            log.warning("kubelet's pod resources: %s", exc)
+            pods = None
+        readable = pods is not None
+        if readable != self._pod_resources_ok:
+            if not readable:
+                log.warning("kubelet's pod resources cannot be read: holders not reported")
+            elif self._pod_resources_ok is not None:
+                log.info("kubelet's pod resources read again: holders reported")
+            self._pod_resources_ok = readable
+        return None if pods is None else gpu_holders(pods)
 
     def _block_devices(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> list[GpuBlocks]:
         """Each GPU's memory blocks for kubelet; a lost GPU keeps its uuid and blocks.

@@ -25,6 +25,16 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuHolder:
+    """A pod whose containers kubelet gave memory blocks of one GPU."""
+
+    namespace: str
+    name: str
+    gpu_uuid: str
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU at one moment, as the backend could read it."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 
 from node_agent.deviceplugin import api_pb2, api_pb2_grpc
-from node_agent.deviceplugin.podresources import Held
+from node_agent.deviceplugin.podresources import Held, PodDevices
+from node_agent.model import GpuHolder
 
 log = logging.getLogger("node_agent.deviceplugin")
 
@@ -117,6 +118,21 @@ def lent_device_id(uuid: str, k: int) -> str:
 def gpu_of(device: str) -> str:
     """The GPU uuid a block device belongs to."""
     return device.rsplit("::", 1)[0]
+
+
+def gpu_holders(pods: Iterable[PodDevices]) -> list[GpuHolder]:
+    """Which GPU's blocks each pod holds, from kubelet's record of the devices it gave.
+
+    A pod's blocks of one GPU are counted once each (an init container's blocks are given
+    again to the app container); a pod holding blocks of two GPUs is listed once per GPU.
+    Sorted by namespace, pod and GPU.
+    """
+    held: dict[tuple[str, str, str], set[str]] = {}
+    for pod in pods:
+        for ids in pod.containers:
+            for device in ids:
+                held.setdefault((pod.namespace, pod.name, gpu_of(device)), set()).add(device)
+    return [GpuHolder(ns, name, gpu, len(ids)) for (ns, name, gpu), ids in sorted(held.items())]
 
 
 def preferred(

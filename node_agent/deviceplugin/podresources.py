@@ -1,12 +1,14 @@
-"""Which containers kubelet has given devices already, from its PodResources API (v1, List).
+"""Which containers kubelet has given devices, from its PodResources API (v1, List).
 
-After the agent restarts it no longer knows which pending pods it matched; kubelet does.
+After the agent restarts it no longer knows which pending pods it matched; kubelet does. Its
+answer is also the truth about which GPU's blocks each pod holds, which the agent reports.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -17,15 +19,33 @@ log = logging.getLogger("node_agent.deviceplugin")
 
 TIMEOUT_S = 1.0
 
+
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """One pod's devices of one resource, as kubelet gave them."""
+
+    namespace: str
+    name: str
+    containers: tuple[tuple[str, ...], ...]
+    """The device IDs of each container that holds any, in kubelet's order."""
+
+
+Listing = Callable[[], Awaitable[list[PodDevices] | None]]
+"""The pods holding devices of the resource; None when kubelet could not be asked."""
+
 Held = Callable[[], Awaitable[dict[str, int] | None]]
 """Per pod (``namespace/name``), how many of its containers hold devices of the resource;
 None when kubelet could not be asked."""
 
 
-def holders(socket: Path, resource: str) -> Held:
-    """The lookup of containers holding ``resource`` devices, through kubelet's ``socket``."""
+def pod_devices(socket: Path, resource: str, *, quiet: bool = False) -> Listing:
+    """The lookup of pods holding ``resource`` devices, through kubelet's ``socket``.
 
-    async def held() -> dict[str, int] | None:
+    One List call per lookup. ``quiet``: a failure is logged at debug level only (the caller
+    says once that kubelet cannot be asked).
+    """
+
+    async def listing() -> list[PodDevices] | None:
         try:
             async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
                 stub = podresources_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
@@ -33,17 +53,39 @@ def holders(socket: Path, resource: str) -> Held:
                     podresources_pb2.ListPodResourcesRequest(), timeout=TIMEOUT_S
                 )
         except grpc.aio.AioRpcError as exc:
-            log.warning("kubelet's pod resources at %s: %s", socket, exc.details() or exc.code())
-            return None
-        out: dict[str, int] = {}
-        for pod in answer.pod_resources:
-            count = sum(
-                1
-                for c in pod.containers
-                if any(d.resource_name == resource and d.device_ids for d in c.devices)
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "kubelet's pod resources at %s: %s",
+                socket,
+                exc.details() or exc.code(),
             )
-            if count:
-                out[f"{pod.namespace}/{pod.name}"] = count
+            return None
+        out = []
+        for pod in answer.pod_resources:
+            containers = tuple(
+                ids
+                for c in pod.containers
+                if (
+                    ids := tuple(
+                        i for d in c.devices if d.resource_name == resource for i in d.device_ids
+                    )
+                )
+            )
+            if containers:
+                out.append(PodDevices(pod.namespace, pod.name, containers))
         return out
+
+    return listing
+
+
+def holders(socket: Path, resource: str) -> Held:
+    """The lookup of containers holding ``resource`` devices, through kubelet's ``socket``."""
+    listing = pod_devices(socket, resource)
+
+    async def held() -> dict[str, int] | None:
+        pods = await listing()
+        if pods is None:
+            return None
+        return {f"{p.namespace}/{p.name}": len(p.containers) for p in pods}
 
     return held

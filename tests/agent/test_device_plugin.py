@@ -7,6 +7,7 @@ kubelet's side here is a Registration server and DevicePlugin client on the same
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,15 @@ from node_agent.deviceplugin.plugin import (
     gpu_of,
     preferred,
 )
-from node_agent.deviceplugin.podresources import holders
+from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.exporter import AgentMetrics
 from node_agent.health import HealthArgs
 from node_agent.loop import Agent
+from node_agent.model import GpuHolder
 from node_agent.power import PowerArgs
 from node_agent.push import Pusher
 from scheduler_extender.api.app import create_app
-from scheduler_extender.domain import Assignment, QosClass
+from scheduler_extender.domain import MAX_HOLDERS_PER_NODE, Assignment, QosClass
 from scheduler_extender.policy.document import parse_policy
 from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
@@ -434,6 +436,68 @@ async def test_after_an_agent_restart_kubelets_record_keeps_a_matched_pod_from_m
         await server.stop(None)
     # kubelet out of reach: matched by the extender's assignments alone, as before.
     assert await holders(tmp_path / "none.sock", RESOURCE)() is None
+
+
+async def test_the_agent_reports_which_gpus_blocks_each_pod_holds_as_kubelet_says(
+    tmp_path: Path,
+) -> None:
+    backend = SimulatedBackend(clock=time.monotonic, gpus=2, node="n1")
+    backend.open()
+    agent = Agent(backend, node="n1", interval_s=1.0,
+                  metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
+                  power_args=PowerArgs())  # fmt: skip
+    a, b = (backend.read(i).uuid for i in range(2))
+    kubelet = PodResources()
+    # An init container's blocks are given again to the app container: counted once.
+    kubelet.pods[("default", "web-0")] = {"init": [f"{b}::0", f"{b}::1"],
+                                          "app": [f"{b}::0", f"{b}::1"]}  # fmt: skip
+    kubelet.pods[("batch", "borrower")] = {"app": [f"{a}::lent-0", f"{a}::2"]}
+    kubelet.pods[("batch", "split")] = {"one": [f"{a}::0"], "two": [f"{b}::2"]}
+    socket = tmp_path / "pod-resources.sock"
+    server = grpc.aio.server()
+    podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
+    server.add_insecure_port(f"unix://{socket}")
+    agent.pod_devices = pod_devices(socket, RESOURCE)
+    # No device plugin on this node: kubelet is not asked, and nothing is known.
+    assert (await agent.round()).report.holders is None
+    agent.device_plugin = BlockPlugin(_nothing, lambda: agent.block_mib)
+    await server.start()
+    try:
+        report = (await agent.round()).report
+    finally:
+        await server.stop(None)
+    assert [(h.namespace, h.name, h.gpu_uuid, h.blocks) for h in report.holders or ()] == [
+        ("batch", "borrower", a, 2),
+        ("batch", "split", a, 1),
+        ("batch", "split", b, 1),
+        ("default", "web-0", b, 2),
+    ]
+    # What the agent sends is what the extender decodes.
+    decoded = report_from(report.model_dump(mode="json", by_alias=True)).holders or ()
+    assert [(h.namespace, h.name, h.gpu_uuid, h.blocks) for h in decoded] == [
+        (h.namespace, h.name, h.gpu_uuid, h.blocks) for h in report.holders or ()
+    ]
+    # kubelet out of reach: not known (null), never an empty list that says "nobody".
+    assert (await agent.round()).report.holders is None
+
+
+def test_a_holder_the_contract_refuses_is_left_out_not_the_report() -> None:
+    backend = SimulatedBackend(clock=time.monotonic, gpus=1, node="n1")
+    backend.open()
+    agent = Agent(backend, node="n1", interval_s=1.0,
+                  metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
+                  power_args=PowerArgs())  # fmt: skip
+    snap = agent.sample()
+    healths, _ = agent.decide(snap)
+    uuid = snap.readings[0].uuid
+    agent.holders = [GpuHolder("default", "ok", uuid, 1), GpuHolder("default", "bad\x1b", uuid, 1),
+                     GpuHolder("default", "none", uuid, 0)]  # fmt: skip
+    report = agent.build_report(snap, healths)
+    assert [h.name for h in report.holders or ()] == ["ok"]
+    agent.holders = [
+        GpuHolder("default", f"p{i}", uuid, 1) for i in range(MAX_HOLDERS_PER_NODE + 5)
+    ]
+    assert len(agent.build_report(snap, healths).holders or ()) == MAX_HOLDERS_PER_NODE
 
 
 async def test_a_lookup_that_hangs_does_not_hold_kubelet_up(
