@@ -36,7 +36,9 @@ _LATENCY_BUCKETS = (
 )
 
 
-class _ForeignProcesses(Collector):
+class _ReportCounts(Collector):
+    """What agents' reports said about pods that the state counts as it ingests them."""
+
     def __init__(self, state: ClusterState) -> None:
         self._state = state
 
@@ -46,6 +48,12 @@ class _ForeignProcesses(Collector):
             "GPU processes in agents' reports that name a pod assigned to another node or GPU "
             "(ignored: a report speaks for its own node only).",
             value=self._state.foreign_processes,
+        )
+        yield CounterMetricFamily(
+            "edgegpu_extender_assignments_corrected",
+            "Assignments corrected because an agent's report showed the pod holding another GPU "
+            "of its node than bind chose (kubelet's PodResources, through the device plugin).",
+            value=self._state.corrected_assignments,
         )
 
 
@@ -149,7 +157,7 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(_TelemetryAge(state))
-        registry.register(_ForeignProcesses(state))
+        registry.register(_ReportCounts(state))
         # Children of the per-request series, looked up once (a labels() call takes a lock).
         self._verdict_children: dict[tuple[str, int], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}

@@ -8,6 +8,7 @@ request only gathers rows and calls the pure policy. Imports ``telemetry``, ``po
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from scheduler_extender.policy.combine import (
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
-from scheduler_extender.report import DIGEST_COLUMNS
+from scheduler_extender.report import DIGEST_COLUMNS, Digest, PodHolder
 from scheduler_extender.state import lending as lending_rules
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decide import Decider
@@ -36,6 +37,8 @@ from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, TelemetryStore
+
+log = logging.getLogger("scheduler_extender.state")
 
 DEMAND_CACHE_SIZE = 16_384
 RESERVE_TTL_S = 5.0
@@ -68,6 +71,11 @@ class ClusterState:
         """Which pods stay idle, for lending their idle blocks (``memory.idleRelease``)."""
         self.foreign_processes = 0
         """Processes in reports that named a pod assigned to another node or GPU (ignored)."""
+        self.corrected_assignments = 0
+        """Assignments whose GPUs a report showed the pod does not hold, and were corrected."""
+        self._held: dict[str, _Held] = {}
+        """By pod uid: the GPUs a report showed the pod holds, where bind had said others (an
+        assignment read again from the pod's annotations is corrected again)."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -102,6 +110,9 @@ class ClusterState:
                 continue
             node = push.digest.node
             taken[node] = None
+            holders = push.report.holders
+            if holders and self.allocations.holds_gpus(node):
+                self._correct(node, holders, push.digest)
             for index, pod_uid, _ in push.digest.pods:
                 if self.assigned_to(pod_uid, node, index) is not None:
                     self.allocations.renew(pod_uid, now + ttl)
@@ -121,6 +132,42 @@ class ClusterState:
         if a is None or a.node != node or index not in a.gpu_indices:
             return None
         return a
+
+    def _correct(self, node: str, holders: Sequence[PodHolder], d: Digest) -> None:
+        """Make each assignment on ``node`` name the GPUs its pod holds, as the report says.
+
+        A report speaks for its own node: only pods assigned to ``node`` are looked up (by
+        namespace and name), and only GPUs it lists are taken. Whole GPUs are not the device
+        plugin's (nothing is said of them); a name two assignments share is left alone.
+        """
+        held: dict[tuple[str, str], list[str]] = {}
+        for h in holders:
+            held.setdefault((h.namespace, h.name), []).append(h.gpu_uuid)
+        index_of = dict(zip(d.uuids, map(int, d.column("index")), strict=True))
+        on_node: dict[tuple[str, str], list[Assignment]] = {}
+        for a in self.allocations.on_node(node):
+            if (a.namespace, a.name) in held:
+                on_node.setdefault((a.namespace, a.name), []).append(a)
+        for key, found in on_node.items():
+            a = found[0]
+            uuids = held[key]
+            if len(found) > 1 or a.whole or any(u not in index_of for u in uuids):
+                continue
+            truth = sorted((index_of[u], u) for u in uuids)
+            indices = tuple(i for i, _ in truth)
+            if indices == a.gpu_indices:
+                continue
+            corrected = _Held(node, indices, tuple(u for _, u in truth))
+            self._held[a.pod_uid] = corrected
+            self.allocations.add(corrected.apply(a), self.allocations.expires_at(a.pod_uid))
+            self.corrected_assignments += 1
+            log.warning(
+                "pod %s/%s holds GPU %s of node %s, not GPU %s as assigned: its assignment is "
+                "corrected (every action on it follows)",
+                a.namespace, a.name, ",".join(map(str, indices)), node,
+                ",".join(map(str, a.gpu_indices)),
+            )  # fmt: skip
+        # The node's row is written after this, from the corrected assignments.
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
@@ -199,6 +246,9 @@ class ClusterState:
         return pod_uid in self._reserved and self.allocations.get(pod_uid) is not None
 
     def _hold(self, assignment: Assignment, expires: float | None) -> None:
+        held = self._held.get(assignment.pod_uid)
+        if held is not None and held.node == assignment.node and not assignment.whole:
+            assignment = held.apply(assignment)  # what the pod holds, not what bind chose
         moved_from = self.allocations.add(assignment, expires)
         for node in {assignment.node, moved_from} - {None}:
             self._write_allocations(str(node))
@@ -206,6 +256,7 @@ class ClusterState:
     def release(self, pod_uid: str) -> None:
         """Free a pod's GPUs (bind failed, pod deleted)."""
         self._reserved.discard(pod_uid)
+        self._held.pop(pod_uid, None)
         node = self.allocations.remove(pod_uid)
         if node is not None:
             self._write_allocations(node)
@@ -216,6 +267,8 @@ class ClusterState:
             self._write_allocations(node)
         if self._reserved:
             self._reserved = {u for u in self._reserved if self.allocations.get(u) is not None}
+        if self._held:
+            self._held = {u: h for u, h in self._held.items() if self.allocations.get(u)}
 
     # -- decisions --------------------------------------------------------------------------
     def batch(
@@ -517,6 +570,19 @@ class ClusterState:
         free.flags.writeable = False
         self._rack_free_cache[whole] = (stamp, free)
         return free
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Held:
+    """The GPUs a report showed a pod holds on its node."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+
+    def apply(self, a: Assignment) -> Assignment:
+        """The assignment naming these GPUs."""
+        return dataclasses.replace(a, gpu_indices=self.gpu_indices, gpu_uuids=self.gpu_uuids)
 
 
 _AS_TABLE = {"memory_used_mib": "unaccounted_used_mib"}  # until assigned pods are subtracted
