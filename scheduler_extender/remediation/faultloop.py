@@ -32,6 +32,7 @@ from scheduler_extender.remediation.actuator import (
 from scheduler_extender.remediation.breaker import Breaker
 from scheduler_extender.remediation.faults import (
     CORDONED,
+    NODE_SILENT,
     Action,
     Observation,
     Phase,
@@ -47,7 +48,6 @@ log = logging.getLogger("scheduler_extender.remediation")
 
 DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
 """Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
-NODE_SILENT = "node:not-ready-silent"
 
 _EVENT_REASON = {
     Action.CORDON: "EdgeGPUCordoned",

@@ -31,6 +31,9 @@ from typing import Any
 
 from scheduler_extender.policy.remediation import RemediationArgs
 
+NODE_SILENT = "node:not-ready-silent"
+"""The fault of a node NotReady with its agent silent for ``unreachableAfter``."""
+
 HISTORY = 10
 """Transitions kept in the record (and the annotation)."""
 
@@ -285,10 +288,16 @@ def step(
             wider = None if obs.gpus is None else tuple(sorted({*rec.gpus, *obs.gpus}))
             rec = replace(rec, gpus=wider)
     waited = now - rec.since
+    unreachable = NODE_SILENT in faults
     if rec.phase is Phase.DRAINING:
         if obs.pods_left:
             return rec, (Action.EVICT,)
+        if unreachable:
+            return rec, ()  # the self-test, and its timeout, once the node is back
         return rec.to(Phase.SELF_TEST, now, "drained", request=new_id()), (Action.SELF_TEST,)
+    if rec.phase is Phase.SELF_TEST and unreachable:
+        # An edge link down is no verdict: wait for the node rather than hand it to a human.
+        return rec.to(Phase.DRAINING, now, "node unreachable: self-test when it is back"), ()
     if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
         if obs.verdict is not None and obs.verdict[0] == rec.request:
             if obs.verdict[1] == "pass" and not faults:

@@ -577,3 +577,25 @@ async def test_a_write_whose_thread_starts_after_leadership_is_gone_sends_nothin
     with pytest.raises(NotLeading):
         await act.patch_node("n0", c.live("n0"), lambda n: {"metadata": {}})
     assert len(kube.requests) == before
+
+
+async def test_a_partition_longer_than_the_self_test_timeout_waits_and_is_tested_when_back(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+    c.clock.advance(600.0)  # n1's agent silent
+    c.live("n1")["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+    for _ in range(40):  # 40 minutes unreachable: past unreachableAfter and selfTestTimeout
+        c.push("n0")
+        await r.step()
+        c.clock.advance(60.0)
+    assert c.record("n1")["state"] == "draining"  # cordoned, waiting; no human paged
+    c.live("n1")["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    c.push("n1")  # the link is back
+    await r.step()
+    assert c.record("n1")["state"] == "self-test"
+    c.self_test = {"id": r.requests("n1")["self_test"]["id"], "verdict": "pass", "detail": ""}
+    c.push("n1")
+    await r.step()
+    assert c.record("n1") is None and not c.node("n1")["spec"].get("unschedulable")
