@@ -360,9 +360,22 @@ class Agent:
                 return dict(pod)
         return None
 
+    @property
+    def home(self) -> Path:
+        """The agent's own folder in the run's folder, for what a real agent keeps on its host
+        (``--state-dir``, ``--reboot-sentinel``): agents on this machine never write under its
+        /var/lib or /var/run, and each node keeps its own across restarts."""
+        return self.cp.folder / "agents" / self.node
+
+    @property
+    def sentinel(self) -> Path:
+        """The reboot sentinel the agent writes when the extender asks for a reboot."""
+        return self.home / "reboot-required"
+
     def start(self) -> None:
         """Wait for the DaemonSet's pod, take a token bound to it, start the agent."""
         self.pod = wait_until(f"agent pod on {self.node}", self.agent_pod, 90.0, 0.5)
+        (self.home / "state").mkdir(parents=True, exist_ok=True)
         token = self.cp.token(NAMESPACE, "edgegpu-node-agent", pod=self.pod, expiration_s=3600)
         token_file = self.cp.folder / f"agent-{self.node}.token"
         token_file.write_text(token)
@@ -372,6 +385,7 @@ class Agent:
             "--scenario", self.scenario, "--scenario-after-s", str(self.scenario_after_s),
             "--extender-urls", ",".join(self.extender_urls), "--interval-s", str(self.interval_s),
             "--metrics-port", "0", "--token-file", str(token_file), "--log-level", "warning",
+            "--state-dir", str(self.home / "state"), "--reboot-sentinel", str(self.sentinel),
             *self.extra_args,
         ], env={"PYTHONUNBUFFERED": "1"})  # fmt: skip
 
