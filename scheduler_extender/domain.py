@@ -17,9 +17,9 @@ MAX_HOLDERS_PER_NODE = 1024
 MAX_BLOCKS_PER_HOLDER = 65_536
 """Memory blocks one pod may hold on one GPU in a report (the device plugin's cap on the device
 IDs of one request)."""
-NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAMESPACE_PATTERN = r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$"
 """A Kubernetes namespace: a DNS label (63 characters at most)."""
-POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+POD_NAME_PATTERN = r"^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$"
 """A pod's name: a DNS subdomain (253 characters at most)."""
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 """Text with no control characters (a GPU uuid, as the device plugin names its blocks)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from datetime import datetime
 from typing import Annotated, Literal, cast
 
@@ -117,19 +118,36 @@ class SelfTestResult(msgspec.Struct, frozen=True, gc=False):
 
 
 class PodHolder(msgspec.Struct, frozen=True, gc=False):
-    """A pod whose containers kubelet gave memory blocks of one GPU."""
+    """A pod whose containers kubelet gave memory blocks of one GPU.
 
-    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=NAMESPACE_PATTERN)]
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=POD_NAME_PATTERN)]
-    gpu_uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PRINTABLE_PATTERN)]
+    The report checks its names (``_holders_problem``).
+    """
+
+    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    gpu_uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     blocks: Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCKS_PER_HOLDER)]
 
-    def __post_init__(self) -> None:
-        # The patterns' ``$`` also matches before a final newline here (``re.search``), not in
-        # the contract's model: refuse it as the contract does.
-        for value in (self.namespace, self.name, self.gpu_uuid):
-            if value.endswith("\n"):
-                raise ValueError(f"{value[:-1]!r} ends with a newline")
+
+def _body(pattern: str) -> str:
+    return pattern.removeprefix("^").removesuffix("$")
+
+
+_HOLDER = "/".join(map(_body, (NAMESPACE_PATTERN, POD_NAME_PATTERN, PRINTABLE_PATTERN)))
+_HOLDERS = re.compile(f"{_HOLDER}(?:\n{_HOLDER})*")
+"""Every holder's ``namespace/name/gpu_uuid``, one a line, in one match: the contract's three
+patterns (neither name may hold a ``/``, nor any of the three a newline), at a fraction of the
+cost of one pattern per field."""
+
+
+def _holders_problem(holders: tuple[PodHolder, ...]) -> str | None:
+    """Why a report's holders are refused (their names, each pod and GPU once); None when not."""
+    keys = [f"{h.namespace}/{h.name}/{h.gpu_uuid}" for h in holders]
+    if _HOLDERS.fullmatch("\n".join(keys)) is None:
+        return "a holder's namespace, pod name or gpu uuid is not a valid one"
+    if len(set(keys)) != len(keys):
+        return duplicate_holder((h.namespace, h.name, h.gpu_uuid) for h in holders)
+    return None
 
 
 class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
@@ -163,9 +181,9 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
                 raise ValueError(f"gpu index {gpu.index} appears twice")
             seen.add(gpu.index)
         if self.holders:
-            duplicate = duplicate_holder((h.namespace, h.name, h.gpu_uuid) for h in self.holders)
-            if duplicate is not None:
-                raise ValueError(duplicate)
+            problem = _holders_problem(self.holders)
+            if problem is not None:
+                raise ValueError(problem)
 
 
 REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)

@@ -76,3 +76,9 @@ def demands(draw: st.DrawFn) -> PodDemand:
         cpu_milli=draw(st.sampled_from([0, 1000, 16000])),
         host_memory_mib=draw(st.sampled_from([0, 4096, 65536])),
     )
+
+
+def holder_names() -> st.SearchStrategy[str]:
+    """Text near the edges of the holder patterns: names, separators, newlines, control and
+    non-ASCII characters."""
+    return st.text(alphabet="ab9-./\n\x1b\x7f Aé", max_size=6)

@@ -6,12 +6,14 @@ import gc
 import msgspec
 import orjson
 import pytest
+from hypothesis import given
 from pydantic import ValidationError
 
 from scheduler_extender.policy.rules.thermal import ThermalArgs
 from scheduler_extender.telemetry import decode, schema
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
+from tests.strategies import holder_names
 
 
 def _struct_fields(struct):
@@ -164,6 +166,24 @@ def test_a_refused_holder_is_named_by_its_place_and_field():
     with pytest.raises(decode.ReportError) as err:
         decode.decode_report(orjson.dumps(doc))
     assert {p["loc"] for p in err.value.problems} == {"holders.1.namespace", "holders.1.blocks"}
+
+
+@given(namespace=holder_names(), name=holder_names(), uuid=holder_names())
+def test_both_definitions_judge_a_holders_names_alike(namespace, name, uuid):
+    doc = report("n1", [gpu(0)])
+    doc["holders"] = [{"namespace": namespace, "name": name, "gpu_uuid": uuid, "blocks": 1}]
+    body = orjson.dumps(doc)
+    try:
+        schema.TelemetryReport.model_validate_json(body)
+        valid = True
+    except ValidationError:
+        valid = False
+    try:
+        decode.decode_report(body)
+        fast = True
+    except decode.ReportError:
+        fast = False
+    assert fast is valid
 
 
 def test_not_json_is_one_located_problem():
