@@ -10,6 +10,7 @@ Imports ``domain`` only.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ class Allocations:
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._by_group: dict[str, set[str]] = defaultdict(set)
         self._expiry: list[tuple[float, str]] = []
+        self._writes = itertools.count(1)
+        self._changed: dict[str, int] = {}
+        """By node holding GPUs: when its assignments last changed (see ``stamp``)."""
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -43,6 +47,10 @@ class Allocations:
     def on_node(self, node: str) -> list[Assignment]:
         """Every assignment on a node, by pod uid."""
         return [self._by_pod[uid].assignment for uid in sorted(self._by_node.get(node, ()))]
+
+    def stamp(self, node: str) -> int:
+        """A number that changes whenever the node's assignments do (0: it holds none)."""
+        return self._changed.get(node, 0)
 
     def holds_gpus(self, node: str) -> bool:
         """Whether any pod holds GPUs of the node."""
@@ -62,6 +70,7 @@ class Allocations:
         moved = self.remove(assignment.pod_uid)
         self._by_pod[assignment.pod_uid] = _Entry(assignment, expires_at)
         self._by_node[assignment.node].add(assignment.pod_uid)
+        self._changed[assignment.node] = next(self._writes)
         if assignment.group is not None:
             self._by_group[assignment.group].add(assignment.pod_uid)
         if expires_at is not None:
@@ -74,6 +83,7 @@ class Allocations:
         if entry is None:
             return None
         node = entry.assignment.node
+        self._changed[node] = next(self._writes)
         for index, key in ((self._by_node, node), (self._by_group, entry.assignment.group)):
             if key is None:
                 continue
@@ -82,6 +92,8 @@ class Allocations:
                 uids.discard(pod_uid)
                 if not uids:
                     del index[key]
+        if node not in self._by_node:
+            del self._changed[node]
         return node
 
     def renew(self, pod_uid: str, expires_at: float) -> None:

@@ -76,6 +76,9 @@ class ClusterState:
         self._held: dict[str, _Held] = {}
         """By pod uid: the GPUs a report showed the pod holds, where bind had said others (an
         assignment read again from the pod's annotations is corrected again)."""
+        self._holders_seen: dict[str, tuple[int, tuple[PodHolder, ...], tuple[str, ...]]] = {}
+        """By node: the holders and GPUs of its last report checked, with its assignments'
+        stamp then (the same again is not checked again)."""
 
     # -- inputs -----------------------------------------------------------------------------
     def set_policy(self, policy: Policy) -> None:
@@ -140,6 +143,9 @@ class ClusterState:
         namespace and name), and only GPUs it lists are taken. Whole GPUs are not the device
         plugin's (nothing is said of them); a name two assignments share is left alone.
         """
+        seen = (self.allocations.stamp(node), tuple(holders), d.uuids)
+        if self._holders_seen.get(node) == seen:
+            return  # most reports: the same pods on the same GPUs, checked already
         held: dict[tuple[str, str], list[str]] = {}
         for h in holders:
             held.setdefault((h.namespace, h.name), []).append(h.gpu_uuid)
@@ -167,6 +173,8 @@ class ClusterState:
                 a.namespace, a.name, ",".join(map(str, indices)), node,
                 ",".join(map(str, a.gpu_indices)),
             )  # fmt: skip
+        # Stamped after the corrections it made: the same report again is not checked again.
+        self._holders_seen[node] = (self.allocations.stamp(node), seen[1], seen[2])
         # The node's row is written after this, from the corrected assignments.
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
@@ -179,6 +187,7 @@ class ClusterState:
         """Drop everything about a node that left the cluster."""
         self.store.forget(node)
         self._node_labels.pop(node, None)
+        self._holders_seen.pop(node, None)
         self.host.forget_node(node)
         self.lending.forget(node)
         self.table.remove(node)
