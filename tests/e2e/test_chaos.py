@@ -485,6 +485,9 @@ def test_the_third_xid_on_a_gpu_within_the_window_goes_to_needs_human(
           lambda: (d := node(cluster, "repeat-0")) and state(d) == "needs-human"
           and cordoned(d), 180.0)  # fmt: skip
     took = time.monotonic() - started
+    # The Events follow the node's write.
+    until("an EdgeGPUNeedsHuman Event",
+          lambda: "EdgeGPUNeedsHuman" in node_reasons(cluster, "repeat-0"), 30.0)  # fmt: skip
     reasons = node_reasons(cluster, "repeat-0")
     say(f"\nchaos, a repeated XID: repeat-0 uncordoned after passing self-tests at "
         f"{passes[0]:.0f} s and {passes[1]:.0f} s, needs-human on the third fault at "
@@ -520,4 +523,5 @@ def test_a_manual_uncordon_during_reboot_requested_withdraws_the_agents_sentinel
     say(f"\nchaos, a manual uncordon in reboot-requested: reboot-0 released and its agent's "
         f"sentinel withdrawn {took:.1f} s after the uncordon")  # fmt: skip
     assert not cordoned(node(cluster, "reboot-0"))
-    assert "EdgeGPUReleased" in node_reasons(cluster, "reboot-0")
+    until("an EdgeGPUReleased Event",
+          lambda: "EdgeGPUReleased" in node_reasons(cluster, "reboot-0"), 30.0)  # fmt: skip
