@@ -11,7 +11,7 @@ go on through their workflow. A missing ConfigMap is a reset, written as such.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 
 from scheduler_extender.k8s.client import JsonDict, KubeError
@@ -54,10 +54,17 @@ class Breaker:
         self.reason = ""
         self._unsaved = False
         """Tripped here, but not written yet: written before anything is read back."""
+        self._recent: dict[str, float] = {}
+        """Nodes this replica cordoned, and when (wall): the watch may not show them yet."""
+
+    def cordoned(self, node: str, wall: float) -> None:
+        """This replica cordoned ``node`` at ``wall``."""
+        self._recent[node] = wall
 
     def reset(self) -> None:
         """Not leading: read the state back when leading again."""
         self.tripped, self._unsaved = None, False
+        self._recent.clear()
 
     async def _read(self) -> None:
         doc = await self.act.read_config_map(self.namespace, CONFIG_MAP)
@@ -82,14 +89,10 @@ class Breaker:
         self,
         node: str,
         nodes: Mapping[str, JsonDict],
-        cordoned: Iterable[str],
         gpu_nodes: int,
         args: RemediationArgs,
     ) -> bool:
-        """Whether ``node`` may be cordoned now; trips the breaker when it may not.
-
-        ``cordoned``: nodes this replica cordoned lately (the watch may not show them yet).
-        """
+        """Whether ``node`` may be cordoned now; trips the breaker when it may not."""
         if args.breaker_percent <= 0:
             return True
         try:
@@ -104,7 +107,9 @@ class Breaker:
         if self.tripped:
             return False
         now = self.act.clock.wall()
-        seen = cordoned_within(nodes, self.since, now, args.breaker_window_s) | set(cordoned)
+        start = max(self.since, now - args.breaker_window_s)
+        self._recent = {n: t for n, t in self._recent.items() if t >= start}
+        seen = cordoned_within(nodes, self.since, now, args.breaker_window_s) | set(self._recent)
         allowed = args.breaker_allows(gpu_nodes)
         if len(seen | {node}) <= allowed:
             return True  # (a node cordoned again in the window counts once)

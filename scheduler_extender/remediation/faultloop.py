@@ -49,15 +49,6 @@ log = logging.getLogger("scheduler_extender.remediation")
 DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
 """Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
 
-_EVENT_REASON = {
-    Action.CORDON: "EdgeGPUCordoned",
-    Action.SELF_TEST: "EdgeGPUSelfTestRequested",
-    Action.REBOOT: "EdgeGPURebootRequested",
-    Action.UNCORDON: "EdgeGPUUncordoned",
-    Action.RELEASE: "EdgeGPUReleased",
-    Action.NEEDS_HUMAN: "EdgeGPUNeedsHuman",
-    Action.CLEAN_UP: "EdgeGPURecordCleanedUp",
-}
 _NEXT = {
     Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap allows)",
     Phase.DRAINING: "evict the pods on the faulty GPUs, then ask for a self-test",
@@ -100,8 +91,6 @@ class FaultLoop:
         """Dry run: pods already logged as ones the loop would evict."""
         self._unreachable: dict[str, float] = {}
         """Nodes NotReady with a silent agent: since when this replica saw it (monotonic)."""
-        self._cordoned: dict[str, float] = {}
-        """Nodes this replica cordoned, and when (wall): the watch may not show them yet."""
 
     def reset(self) -> None:
         """Leadership lost or remediation off: forget everything but what the nodes hold."""
@@ -110,7 +99,6 @@ class FaultLoop:
         self._known.clear()
         self._planned.clear()
         self._unreachable.clear()  # seen again from the start when acting again
-        self._cordoned.clear()
         self.breaker.reset()
 
     # -- what the agents are asked -------------------------------------------------------------
@@ -296,15 +284,9 @@ class FaultLoop:
         # A dry run's plans hold no place under the cap: every fault is planned.
         held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
         room = held < cap
-        confirming = rec is not None and rec.phase is Phase.SUSPECT and bool(obs.faults)
-        if room and confirming and not args.dry_run and rec is not None:
-            if wall - rec.started >= args.confirm_after_s:  # a cordon is due: may it be?
-                self._cordoned = {
-                    n: t for n, t in self._cordoned.items() if wall - t < args.breaker_window_s
-                }
-                room = await self.breaker.allows(
-                    name, self.nodes(), self._cordoned, gpu_nodes, args
-                )
+        due = rec is not None and rec.phase is Phase.SUSPECT and bool(obs.faults)
+        if room and due and not args.dry_run and rec and wall - rec.started >= args.confirm_after_s:
+            room = await self.breaker.allows(name, self.nodes(), gpu_nodes, args)  # a cordon
         new, actions = step(
             rec, obs, wall, args, owner=self.identity, room=room,
             new_id=lambda: uuid.uuid4().hex[:12],
@@ -346,7 +328,7 @@ class FaultLoop:
                 log.warning("remediation (dry run): node %s: would %s: %s", name, action, reason)
                 self.act.metrics.remediation.labels(action.value, "gpu_fault", "dry_run").inc()
                 kind = "Warning" if action is not Action.UNCORDON else "Normal"
-                await self.act.event(ref, "DryRun" + _EVENT_REASON[action], reason, kind)
+                await self.act.event(ref, "DryRun" + marks.EVENT_REASON[action], reason, kind)
         else:
             text = marks.record_text(new)
             if writes or text != self._known.get(name):
@@ -371,7 +353,7 @@ class FaultLoop:
                     return
                 self._known[name] = text
                 if Action.CORDON in writes:
-                    self._cordoned[name] = self.state.clock.wall()
+                    self.breaker.cordoned(name, self.state.clock.wall())
                 await self.act.set_condition(name, marks.condition(new, self.state.clock.wall()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (
@@ -382,7 +364,9 @@ class FaultLoop:
                     log.warning("remediation: node %s: %s: %s", name, action, reason)
                     self.act.metrics.remediation.labels(action.value, "gpu_fault", "done").inc()
                     kind = "Normal" if action in (Action.UNCORDON, Action.SELF_TEST) else "Warning"
-                    await self.act.event(ref, _EVENT_REASON[action], f"{action}: {reason}", kind)
+                    await self.act.event(
+                        ref, marks.EVENT_REASON[action], f"{action}: {reason}", kind
+                    )
         if (old.phase if old else None) != (new.phase if new else None):
             self.act.metrics.remediation_transitions.labels(
                 new.phase.value if new else "healthy"

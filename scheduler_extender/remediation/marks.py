@@ -37,6 +37,17 @@ from scheduler_extender.remediation.faults import (
 OWNS_CORDON = "cordoned"
 """Our taint's value when we set ``spec.unschedulable`` (and may lift it)."""
 
+EVENT_REASON = {
+    Action.CORDON: "EdgeGPUCordoned",
+    Action.SELF_TEST: "EdgeGPUSelfTestRequested",
+    Action.REBOOT: "EdgeGPURebootRequested",
+    Action.UNCORDON: "EdgeGPUUncordoned",
+    Action.RELEASE: "EdgeGPUReleased",
+    Action.NEEDS_HUMAN: "EdgeGPUNeedsHuman",
+    Action.CLEAN_UP: "EdgeGPURecordCleanedUp",
+}
+"""The reason of the Event each action of the fault loop records on the node."""
+
 _CONDITION_REASON = {
     Phase.DRAINING: "Draining",
     Phase.SELF_TEST: "SelfTest",
