@@ -6,6 +6,10 @@ checks that it does no harm. Every case starts its own fault on one-GPU nodes of
 (``extra_node``), waits for what must happen with generous timeouts (nothing depends on a
 simulated timer or on the machine being fast), asserts what must not happen only after a fixed
 observation window it states, and leaves the policy and the nodes as they were.
+
+One case breaks what admission leans on instead: the agent, and so its device plugin, restarted
+between a pod's bind and kubelet's Allocate, on a two-GPU node of its own where a guess would
+give the other GPU.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
+from node_agent.deviceplugin.plugin import gpu_of
 from tests.e2e.conftest import Cluster, extra_node, reported, until
 from tests.e2e.edgegpu import NAMESPACE, Agent, Extender
+from tests.e2e.fake_kubelet import DeviceManager
 from tests.e2e.test_policy_and_auth import POLICY, patch_policy
 from tests.e2e.test_resilience import lease_holder
 
@@ -57,11 +63,11 @@ class Chaos:
     saved: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Policy section → the values of the keys a case changed, as they were (None: absent)."""
 
-    def node(self, name: str, agent_args: list[str] | None = None) -> Agent:
-        """A one-GPU node of the case's pool with its agent (steady), reported to every
-        replica; gone after the case."""
+    def node(self, name: str, agent_args: list[str] | None = None, gpus: int = 1) -> Agent:
+        """A node of the case's pool (one GPU unless told) with its agent (steady), reported
+        to every replica; gone after the case."""
         agent = self.nodes.enter_context(
-            extra_node(self.cluster, name, 1, agent_args or [], labels=POOL)
+            extra_node(self.cluster, name, gpus, agent_args or [], labels=POOL)
         )
         until(f"{name} reported to every replica", lambda: reported(self.cluster, name), 90.0)
         return agent
@@ -96,11 +102,12 @@ class Chaos:
             for e in self.cluster.extenders), 60.0)  # fmt: skip
 
     def place(self, name: str, node: str, *, guarded: bool = False,
-              tolerate_s: int | None = None) -> dict[str, Any]:  # fmt: skip
-        """A one-block inference pod on ``node``, Running. ``guarded``: under a
-        PodDisruptionBudget that allows no disruption (its eviction is refused every time).
-        ``tolerate_s``: how long it tolerates its node being not-ready or unreachable."""
-        pod = self.cluster.pod(name, self.ns, blocks=1, qos="inference",
+              tolerate_s: int | None = None, blocks: int = 1) -> dict[str, Any]:  # fmt: skip
+        """An inference pod of ``blocks`` memory blocks (one unless told) on ``node``, Running.
+        ``guarded``: under a PodDisruptionBudget that allows no disruption (its eviction is
+        refused every time). ``tolerate_s``: how long it tolerates its node being not-ready or
+        unreachable."""
+        pod = self.cluster.pod(name, self.ns, blocks=blocks, qos="inference",
                                node_selector={**POOL, "kubernetes.io/hostname": node})  # fmt: skip
         pod["metadata"]["labels"] = {"app": name}
         if tolerate_s is not None:
@@ -525,3 +532,95 @@ def test_a_manual_uncordon_during_reboot_requested_withdraws_the_agents_sentinel
     assert not cordoned(node(cluster, "reboot-0"))
     until("an EdgeGPUReleased Event",
           lambda: "EdgeGPUReleased" in node_reasons(cluster, "reboot-0"), 30.0)  # fmt: skip
+
+
+# -- an agent restarted between bind and Allocate ------------------------------------------------
+def plugged(manager: DeviceManager, since: int, blocks: int) -> Callable[[], set[str] | None]:
+    """The node's GPUs, once a plugin registered from the ``since``-th device manager event on
+    has streamed all ``blocks`` of them healthy; None until then."""
+
+    def check() -> set[str] | None:
+        events = list(manager.events)[since:]
+        at = next((i for i, e in enumerate(events) if e["event"] == "registered"), None)
+        if at is None:
+            return None
+        for e in events[at + 1 :]:
+            devices = (e.get("devices") or []) if e["event"] == "devices" else []
+            if len(devices) == blocks and all(d["health"] == "Healthy" for d in devices):
+                return {gpu_of(d["id"]) for d in devices}
+        return None
+
+    return check
+
+
+def test_an_agent_restarted_between_bind_and_allocate_gives_binds_gpu_or_a_reason(
+    cluster: Cluster, chaos: Chaos, monkeypatch: pytest.MonkeyPatch, say: Callable[[str], None]
+) -> None:
+    name, blocks = "replug-0", 6  # two T4s of 3 blocks (15 GiB / 4 GiB)
+    agent = chaos.node(name, ["--model", "Tesla T4"], gpus=2)
+    manager = cluster.kubelet.device_managers[name]
+    gpus = until(f"{name}'s {blocks} blocks healthy at kubelet", plugged(manager, 0, blocks), 60.0)
+    # busy takes 2 of one GPU's 3 blocks: a plugin that forgot the bind's choice and offered the
+    # tightest fit would give a one-block pod that GPU; the extender spreads a training pod to
+    # the other one, which has room.
+    busy = chaos.place("busy", name, blocks=2)["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
+    # kubelet's admission of held waits here (in the fake kubelet's pod watch) until released.
+    target = f"{chaos.ns}/held"
+    allocate = manager.allocate
+    reached, release = threading.Event(), threading.Event()
+
+    def admission(resource: str, size: int, pod: str, container: str) -> dict[str, Any]:
+        if pod == target:
+            reached.set()
+            release.wait(300.0)  # never for ever: every node's pods wait on this thread
+        return allocate(resource, size, pod, container)
+
+    monkeypatch.setattr(manager, "allocate", admission)
+    try:
+        pod = cluster.pod("held", chaos.ns, blocks=1, qos="training",
+                          node_selector={**POOL, "kubernetes.io/hostname": name})  # fmt: skip
+        cluster.create(pod)
+        until("kubelet admitting held", reached.is_set, 90.0)
+        doc = until("held bound with its GPU", lambda: (p := cluster.get_pod(chaos.ns, "held"))
+                    and (p["metadata"].get("annotations") or {}).get("edgegpu.io/gpu-uuid")
+                    and p, 30.0)  # fmt: skip
+        bound = doc["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
+        assert doc["spec"].get("nodeName") == name, doc["spec"]
+        assert (doc.get("status") or {}).get("phase") in (None, "Pending"), doc.get("status")
+        assert bound in gpus and bound != busy, (
+            f"held bound to {bound}, busy holds blocks of {busy}: a guess would give the same "
+            f"GPU, and this case would prove nothing"
+        )
+        since = len(manager.events)
+        started = time.monotonic()
+        restart(agent, "steady")
+        until(f"{name}'s plugin registered again, its blocks healthy",
+              plugged(manager, since, blocks), 120.0)  # fmt: skip
+        held_s = time.monotonic() - started
+    finally:
+        release.set()
+    doc = until("held Running, or failed at admission",
+                lambda: (p := cluster.get_pod(chaos.ns, "held"))
+                and (p.get("status") or {}).get("phase") in ("Running", "Failed") and p, 90.0)  # fmt: skip
+    status = doc["status"]
+    given = [e for e in list(manager.events)
+             if e.get("pod") == target and e["event"] == "allocated"]  # fmt: skip
+    if status["phase"] == "Running":
+        assert len(given) == 1, given
+        devices = given[0]["devices"]
+        envs = cluster.kubelet.envs[(chaos.ns, "held")]
+        assert {gpu_of(d) for d in devices} == {bound}, f"bound to {bound}, given {devices}"
+        assert envs.get("NVIDIA_VISIBLE_DEVICES") == bound, envs
+        assert envs.get("EDGEGPU_GPU_UUID") == bound, envs
+        assert envs.get("EDGEGPU_MEM_LIMIT_MIB") == "4096", envs
+        outcome = f"given {len(devices)} block of the bind's GPU, nothing else"
+    else:
+        message = str(status.get("message") or "")
+        outcome = f"admission failed: {message}"
+        assert status.get("reason") == "UnexpectedAdmissionError", status
+        assert not given, given  # nothing allocated to it, of any GPU
+        # The reason names the GPU: the bind's, or the one kubelet was refused.
+        assert any(g in message for g in gpus), message
+    say(f"\nchaos, an agent restarted between bind and Allocate: held bound to {name}'s "
+        f"{bound[:12]}… (a guess would give {busy[:12]}…); its admission waited {held_s:.1f} s "
+        f"while the agent restarted and its plugin registered again; then {outcome}")  # fmt: skip
