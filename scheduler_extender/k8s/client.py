@@ -72,6 +72,9 @@ def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     # Binds run concurrently (``KubeBinder``): one kept-alive connection each.
     cfg.connection_pool_maxsize = BIND_CONCURRENCY
+    # No retries inside the HTTP library: a write retried there could go out long after its
+    # caller gave up on it (and after leadership was checked); callers retry themselves.
+    cfg.retries = False
     return client.ApiClient(cfg)
 
 
