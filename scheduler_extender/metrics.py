@@ -143,6 +143,12 @@ class ExtenderMetrics:
             ["action", "reason", "result"],
             registry=registry,
         )
+        self.remediation_breaker = Gauge(
+            "edgegpu_extender_remediation_breaker_tripped",
+            "1 while remediation's circuit breaker is tripped (no new cordon until an operator "
+            "deletes the ConfigMap edgegpu-remediation-breaker), as the leader last read it.",
+            registry=registry,
+        )
         self.remediation_timeouts = Counter(
             "edgegpu_extender_remediation_call_timeouts_total",
             "API calls of the remediation loop abandoned after their timeout, by call (get, "

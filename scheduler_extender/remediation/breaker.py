@@ -5,7 +5,8 @@ a leader change. One more cordon than ``breakerPercent`` of the GPU nodes within
 ``breakerWindow`` trips the breaker: its state goes to the ConfigMap
 ``edgegpu-remediation-breaker`` in the extender's namespace, and no node is cordoned until an
 operator deletes that ConfigMap (only cordons after the reset count again). Nodes held already
-go on through their workflow. A missing ConfigMap is a reset, written as such.
+go on through their workflow. A missing ConfigMap is a reset, written as such; one that is
+there but unreadable counts as tripped.
 """
 
 from __future__ import annotations
@@ -68,18 +69,26 @@ class Breaker:
 
     async def _read(self) -> None:
         doc = await self.act.read_config_map(self.namespace, CONFIG_MAP)
-        data = (doc or {}).get("data") or {}
-        try:
-            state, since = data.get("state"), _epoch(str(data.get("since")))
-        except (TypeError, ValueError):
-            state, since = None, 0.0
-        if state in (TRIPPED, CLOSED):
-            self.tripped, self.since, self.reason = state == TRIPPED, since, data.get("reason", "")
-            return
-        # None there, or not ours to read: an operator's reset (or a first start).
-        self.tripped, self.since = False, self.act.clock.wall()
-        await self._write(CLOSED, "reset: no breaker state found")
-        log.warning("remediation: circuit breaker closed (reset)")
+        now = self.act.clock.wall()
+        if doc is None:  # deleted: an operator's reset (or a first start)
+            self.tripped, self.since = False, now
+            await self._write(CLOSED, "reset: no breaker state found")
+            log.warning("remediation: circuit breaker closed (reset)")
+        else:
+            data = doc.get("data") or {}
+            try:
+                since = min(_epoch(str(data.get("since"))), now)  # never a reset in the future
+                state = data.get("state")
+            except (TypeError, ValueError):
+                since, state = now, None
+            # Anything but a closed breaker we can read is a tripped one: only deleting it resets.
+            self.tripped, self.since = state != CLOSED, since
+            self.reason = (
+                str(data.get("reason", ""))
+                if state in (TRIPPED, CLOSED)
+                else (f"unreadable ConfigMap {CONFIG_MAP}: delete it to reset the breaker")
+            )
+        self.act.metrics.remediation_breaker.set(1 if self.tripped else 0)
 
     async def _write(self, state: str, reason: str) -> None:
         data = {"state": state, "since": marks.stamp(self.since), "reason": reason}
@@ -115,6 +124,7 @@ class Breaker:
             return True  # (a node cordoned again in the window counts once)
         seen.add(node)
         self.tripped = True
+        self.act.metrics.remediation_breaker.set(1)
         self.reason = (
             f"{len(seen)} of {gpu_nodes} GPU nodes cordoned within "
             f"{args.breaker_window_s:.0f} s (at most {allowed}): {', '.join(sorted(seen))}"

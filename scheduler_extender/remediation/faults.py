@@ -34,6 +34,8 @@ from scheduler_extender.policy.remediation import RemediationArgs
 NODE_SILENT = "node:not-ready-silent"
 """The fault of a node NotReady with its agent silent for ``unreachableAfter``."""
 
+_UNREACHABLE = "node unreachable: self-test when it is back"
+
 HISTORY = 10
 """Transitions kept in the record (and the annotation)."""
 
@@ -292,12 +294,19 @@ def step(
     if rec.phase is Phase.DRAINING:
         if obs.pods_left:
             return rec, (Action.EVICT,)
+        if unreachable and waited > args.reboot_timeout_s:
+            why = f"unreachable for {waited:.0f} s (rebootTimeout)"
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
         if unreachable:
             return rec, ()  # the self-test, and its timeout, once the node is back
         return rec.to(Phase.SELF_TEST, now, "drained", request=new_id()), (Action.SELF_TEST,)
     if rec.phase is Phase.SELF_TEST and unreachable:
-        # An edge link down is no verdict: wait for the node rather than hand it to a human.
-        return rec.to(Phase.DRAINING, now, "node unreachable: self-test when it is back"), ()
+        # An edge link down is no verdict: wait for the node rather than hand it to a human,
+        # unless it keeps dropping off during its self-tests.
+        if sum(w == _UNREACHABLE for _, _, w in rec.history) >= 2:
+            why = "unreachable during its self-test a third time"
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
+        return rec.to(Phase.DRAINING, now, _UNREACHABLE), ()
     if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
         if obs.verdict is not None and obs.verdict[0] == rec.request:
             if obs.verdict[1] == "pass" and not faults:

@@ -586,7 +586,7 @@ async def test_a_partition_longer_than_the_self_test_timeout_waits_and_is_tested
     r = c.remediator()
     c.clock.advance(600.0)  # n1's agent silent
     c.live("n1")["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
-    for _ in range(40):  # 40 minutes unreachable: past unreachableAfter and selfTestTimeout
+    for _ in range(25):  # 25 minutes unreachable: past unreachableAfter and selfTestTimeout
         c.push("n0")
         await r.step()
         c.clock.advance(60.0)
@@ -599,3 +599,61 @@ async def test_a_partition_longer_than_the_self_test_timeout_waits_and_is_tested
     c.push("n1")
     await r.step()
     assert c.record("n1") is None and not c.node("n1")["spec"].get("unschedulable")
+
+
+async def test_a_node_unreachable_for_longer_than_the_reboot_timeout_goes_to_a_human(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    r = c.remediator()
+    c.clock.advance(600.0)
+    c.live("n1")["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
+    for _ in range(45):  # 45 minutes: cordoned after 5, then rebootTimeout (30m) runs out
+        c.push("n0")
+        await r.step()
+        c.clock.advance(60.0)
+    assert c.record("n1")["state"] == "needs-human"
+    assert len(c.events("EdgeGPUNeedsHuman")) == 1
+
+
+async def _trip(c: Cluster, r: Remediator, nodes: tuple[str, ...]) -> None:
+    for _ in range(2):
+        for n in nodes:
+            c.push(n, 0)
+        await r.step()
+        c.clock.advance(6.0)
+
+
+async def test_a_reset_within_the_window_counts_only_the_cordons_after_it(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=4, breakerPercent=50, maxUnavailablePercent=100)
+    r = c.remediator()
+    await _trip(c, r, ("n0", "n1", "n2"))
+    waiting = [n for n in ("n0", "n1", "n2") if not c.node(n)["spec"].get("unschedulable")]
+    c.clock.advance(600.0)
+    kube.delete("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
+    for n in ("n0", "n1", "n2"):
+        c.push(n, 0)
+    await r.step()
+    assert all(c.node(n)["spec"].get("unschedulable") for n in waiting)
+    breaker = kube.get("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
+    assert breaker is not None and breaker["data"]["state"] == "closed"
+
+
+async def test_a_breaker_configmap_that_cannot_be_trusted_keeps_new_cordons_back(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    for data in ({"state": "tripped"}, {"state": "closed", "since": "2999-01-01T00:00:00Z"},
+                 {"state": "open?"}):  # fmt: skip
+        with FakeKube(bookmark_interval_s=0.2) as fake:
+            config = fake.kubeconfig(kubeconfig.parent / f"kc-{len(fake.objects)}-{id(data)}")
+            c = Cluster(fake, config, count=4, breakerPercent=50, maxUnavailablePercent=100)
+            fake.put("configmaps", {"metadata": {"name": "edgegpu-remediation-breaker",
+                                                 "namespace": "edgegpu-system"}, "data": data})  # fmt: skip
+            r = c.remediator()
+            await _trip(c, r, ("n0", "n1", "n2"))
+            cordoned = [n for n in ("n0", "n1", "n2") if c.node(n)["spec"].get("unschedulable")]
+            assert len(cordoned) <= 2, data  # never past the breaker's allowance
+            if data.get("state") != "closed":
+                assert cordoned == [], data  # unreadable: tripped until deleted
