@@ -141,7 +141,8 @@ class ClusterState:
 
         A report speaks for its own node: only pods assigned to ``node`` are looked up (by
         namespace and name), and only GPUs it lists are taken. Whole GPUs are not the device
-        plugin's (nothing is said of them); a name two assignments share is left alone.
+        plugin's (nothing is said of them); a name two assignments share, a pod listed on two
+        GPUs, a reservation, and a bind of the last two report intervals are left alone.
         """
         seen = (self.allocations.stamp(node), tuple(holders), d.uuids)
         if self._holders_seen.get(node) == seen:
@@ -154,11 +155,19 @@ class ClusterState:
         for a in self.allocations.on_node(node):
             if (a.namespace, a.name) in held:
                 on_node.setdefault((a.namespace, a.name), []).append(a)
+        # A report of the first moments after a bind may still show a same-name predecessor.
+        settled = self.clock.wall() - 2 * d.interval_s
+        deferred = False
         for key, found in on_node.items():
             a = found[0]
             uuids = held[key]
             if len(found) > 1 or a.whole or any(u not in index_of for u in uuids):
                 continue
+            if a.assigned_at > settled or a.pod_uid in self._reserved:
+                deferred = True  # a reservation or a fresh bind: judged by a later report
+                continue
+            if len(uuids) > 1:
+                continue  # a block pod sits on one GPU
             truth = sorted((index_of[u], u) for u in uuids)
             indices = tuple(i for i, _ in truth)
             if indices == a.gpu_indices:
@@ -174,7 +183,8 @@ class ClusterState:
                 ",".join(map(str, a.gpu_indices)),
             )  # fmt: skip
         # Stamped after the corrections it made: the same report again is not checked again.
-        self._holders_seen[node] = (self.allocations.stamp(node), seen[1], seen[2])
+        if not deferred:
+            self._holders_seen[node] = (self.allocations.stamp(node), seen[1], seen[2])
         # The node's row is written after this, from the corrected assignments.
 
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:

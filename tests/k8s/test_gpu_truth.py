@@ -137,3 +137,25 @@ def test_what_a_report_cannot_vouch_for_is_left_as_bind_chose(
     assert where(c, "whole") == ("n0", (0,), ("GPU-0000",))
     assert where(c, "twin") == ("n0", (0,), ("GPU-0000",))
     assert metrics.registry.get_sample_value(CORRECTED) == 0.0
+
+
+def test_a_report_of_the_first_moments_after_a_bind_does_not_move_the_pod(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    # A StatefulSet's web-0 bound to GPU 0 while kubelet still lists its predecessor on GPU 1.
+    c = Cluster(kube, kubeconfig)
+    c.pod("web-0", "n0", 0, QosClass.INFERENCE, at=c.clock.wall())
+    push_holders(c, "n0", [holder("web-0", 1)])
+    assert where(c, "web-0") == ("n0", (0,), ("GPU-0000",))
+    c.clock.advance(11.0)  # two report intervals on: kubelet's word counts
+    push_holders(c, "n0", [holder("web-0", 1)])
+    assert where(c, "web-0") == ("n0", (1,), ("GPU-0001",))
+
+
+def test_a_block_pod_listed_on_two_gpus_is_left_as_bind_chose(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    c.pod("split", "n0", 0, QosClass.INFERENCE)
+    push_holders(c, "n0", [holder("split", 0), holder("split", 1)])
+    assert where(c, "split") == ("n0", (0,), ("GPU-0000",))
