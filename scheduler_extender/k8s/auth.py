@@ -97,6 +97,7 @@ class TokenReviewAuth:
         *,
         namespace: str,
         service_account: str,
+        audience: str | None = None,
         cache_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         run: Callable[..., Any] | None = None,
@@ -104,6 +105,7 @@ class TokenReviewAuth:
         self._review = review
         self._pods = pods
         self._user = f"system:serviceaccount:{namespace}:{service_account}"
+        self._audience = audience
         self._ttl = cache_ttl_s
         self._clock = clock
         self._run = run
@@ -131,6 +133,8 @@ class TokenReviewAuth:
     def _identity(self, status: dict[str, Any]) -> Identity:
         if not status.get("authenticated"):
             raise AuthError(401, f"token rejected: {status.get('error') or 'not authenticated'}")
+        if self._audience is not None and self._audience not in (status.get("audiences") or []):
+            raise AuthError(401, f"token rejected: not issued for the audience {self._audience!r}")
         user = status.get("user") or {}
         if user.get("username") != self._user:
             raise AuthError(403, f"{user.get('username')!r} is not the agent's ServiceAccount")

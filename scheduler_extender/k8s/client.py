@@ -8,7 +8,7 @@ blocking; callers run them in threads, never on the request path of the schedule
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -222,13 +222,12 @@ class KubeApi:
         )
 
     # -- authentication, events, leases, policy ---------------------------------------------
-    def token_review(self, token: str) -> JsonDict:
-        """The TokenReview status for a token."""
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token},
-        }
+    def token_review(self, token: str, audiences: Sequence[str] = ()) -> JsonDict:
+        """The TokenReview status for a token (valid for one of ``audiences`` when given)."""
+        spec: JsonDict = {"token": token}
+        if audiences:
+            spec["audiences"] = [*audiences]
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         doc = orjson.loads(self._call(self.authn.create_token_review, body).data)
         status: JsonDict = doc.get("status") or {}
         return status

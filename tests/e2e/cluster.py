@@ -105,6 +105,7 @@ def welcome(cluster: conftest.Cluster, nodes: int, took_s: float, kubeconfig: Pa
     """What is up and what to try."""
     kubectl = cluster.cp.binary("kubectl")
     node = conftest.NODES[0][0]
+    ca = cluster.balancer.pki.ca
     return f"""
 Kubernetes is up in {took_s:.0f} s ({cluster.cp.versions()}), with edgegpu
 and {nodes} simulated GPU nodes. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
@@ -118,14 +119,14 @@ kubectl (the one built with the control plane) is {kubectl}. Try:
   kubectl get pod infer -o wide -w                       # Ctrl-C once it has a node
   kubectl get pod infer -o jsonpath='{{.metadata.annotations}}{{"\\n"}}'
   kubectl get events --field-selector involvedObject.name=infer
-  curl -s {cluster.extenders[0].url}/debug/nodes | python3 -m json.tool | head -40
+  curl -s --cacert {ca} {cluster.extenders[0].url}/debug/nodes | python3 -m json.tool | head -40
 
 Simulated faults (no node is kept out of the fault loop):
 {faults(conftest.NODES) or "  none (NODES=3 or more has some)"}
 The fault loop, on (see docs/remediation.md):
   kubectl patch gpuschedulingpolicy edge-gpu-policy --type merge \\
     -p '{{"spec":{{"remediation":{{"enabled":true,"dryRun":false}}}}}}'
-  curl -s {cluster.extenders[0].url}/debug/remediation | python3 -m json.tool
+  curl -s --cacert {ca} {cluster.extenders[0].url}/debug/remediation | python3 -m json.tool
 
 The extender replicas answer on {", ".join(e.url for e in cluster.extenders)}; {node}'s
 agent and the others push to both. Ctrl-C or SIGTERM stops everything and removes

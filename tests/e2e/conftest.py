@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from tests.e2e.controlplane import ControlPlane, wait_until
-from tests.e2e.edgegpu import Agent, Balancer, EdgegpuScheduler, Extender, install
+from tests.e2e.edgegpu import (
+    NAMESPACE,
+    Agent,
+    Balancer,
+    EdgegpuScheduler,
+    Extender,
+    Pki,
+    install,
+)
 from tests.e2e.fake_kubelet import FakeKubelet
 
 E2E = os.environ.get("EDGEGPU_E2E") == "1"
@@ -193,7 +201,7 @@ def start_cluster(
     cp = ControlPlane(folder)
     kubelet = FakeKubelet(cp)
     extenders = [Extender(cp, f"edgegpu-extender-{i}") for i in range(2)]
-    balancer = Balancer(extenders)
+    balancer = Balancer(extenders, Pki(cp.folder / f"pki-{NAMESPACE}"))
     scheduler = EdgegpuScheduler(cp, balancer.url)
     cluster = Cluster(cp, kubelet, extenders, balancer, scheduler)
     try:

@@ -305,13 +305,16 @@ class ControlPlane:
         doc: dict[str, Any] = resp.json()
         return doc
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run the built kubectl as the admin."""
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl as the admin (``input`` on its stdin)."""
         proc = subprocess.run(
             [self.binary("kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args],
             capture_output=True,
             text=True,
             cwd=ROOT,
+            input=input,
         )
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: {proc.stderr.strip() or proc.stdout}")
@@ -319,10 +322,13 @@ class ControlPlane:
 
     def token(
         self, namespace: str, service_account: str, *, pod: dict[str, Any] | None = None,
-        expiration_s: int = 86400,
+        expiration_s: int = 86400, audiences: list[str] | None = None,
     ) -> str:  # fmt: skip
-        """A TokenRequest for a ServiceAccount, bound to ``pod`` when given."""
+        """A TokenRequest for a ServiceAccount, bound to ``pod`` when given, for ``audiences``
+        (the API server's own when not given)."""
         spec: dict[str, Any] = {"expirationSeconds": expiration_s}
+        if audiences:
+            spec["audiences"] = audiences
         if pod is not None:
             spec["boundObjectRef"] = {
                 "kind": "Pod",

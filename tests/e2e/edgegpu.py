@@ -10,14 +10,20 @@
 * ``EdgegpuScheduler``: kube-scheduler with ``manifests/scheduler/kube-scheduler-config.yaml``,
   only the extender's URL rewritten and the kubeconfig of the manifests' ServiceAccount added.
 * ``Agent``: a simulated node agent for a DaemonSet pod the fake kubelet runs, with a token
-  bound to that pod.
+  bound to that pod for the DaemonSet's audience.
+* ``issue_certificates``: what cert-manager with ``manifests/cert-manager/`` leaves in the
+  namespace (the two Secrets) plus the agents' ``edgegpu-ca`` ConfigMap. Each process gets the
+  Secrets and ConfigMaps its manifest mounts, read from the API server as kubelet would and
+  written to a folder of its own; paths in its arguments and environment follow.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import re
+import ssl
 import sys
 import threading
 from collections.abc import Callable
@@ -55,19 +61,164 @@ def install_commands() -> list[list[str]]:
 
 def install(cp: ControlPlane, *, rollouts: bool = True) -> list[str]:
     """Run the documented install; the commands run, as printed. Without ``rollouts`` the
-    waits for Deployments and DaemonSets are left out (no controllers run them)."""
+    waits for Deployments and DaemonSets are left out (no controllers run them). The
+    certificates are issued as cert-manager would (``issue_certificates``) once the namespace
+    is there, before any rollout is waited for."""
     ran = []
+    issued = False
     for args in install_commands():
-        if not rollouts and "rollout" in args:
-            continue
+        if "rollout" in args:
+            if not issued:
+                issue_certificates(cp)
+                issued = True
+            if not rollouts:
+                continue
         cp.kubectl(*args)
         ran.append("kubectl " + " ".join(args))
+    if not issued:
+        issue_certificates(cp)
     return ran
 
 
 def _deployment(path: str) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "manifests" / path).read_text())
     return doc
+
+
+def _pod(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod spec of a manifest's workload, and its first container."""
+    spec: dict[str, Any] = _deployment(path)["spec"]["template"]["spec"]
+    return spec, spec["containers"][0]
+
+
+_CERTS = ROOT / "manifests" / "cert-manager" / "certificates.yaml"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """The certificates of one namespace's install, as files (the harness's own copies)."""
+
+    folder: Path
+
+    @property
+    def ca(self) -> Path:
+        """The CA's certificate."""
+        return self.folder / "ca.crt"
+
+    def pair(self, name: str) -> tuple[Path, Path]:
+        """(certificate, key) of ``extender`` or ``scheduler``."""
+        return self.folder / f"{name}.crt", self.folder / f"{name}.key"
+
+    def server_context(self) -> ssl.SSLContext:
+        """What a client that verifies the extender uses (the agents' and the scheduler's CA)."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def scheduler_context(self) -> ssl.SSLContext:
+        """kube-scheduler's side of the mTLS: the CA and its client certificate."""
+        ctx = self.server_context()
+        ctx.load_cert_chain(*(str(p) for p in self.pair("scheduler")))
+        return ctx
+
+
+def _openssl(*args: str) -> None:
+    import subprocess
+
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificate_specs(namespace: str) -> dict[str, dict[str, Any]]:
+    """The Certificates of manifests/cert-manager/ by secretName, for ``namespace``."""
+    docs = yaml.safe_load_all(_CERTS.read_text().replace(NAMESPACE, namespace))
+    return {
+        d["spec"]["secretName"]: d["spec"]
+        for d in docs
+        if d and d["kind"] == "Certificate" and not d["spec"].get("isCA")
+    }
+
+
+def issue_certificates(cp: ControlPlane, namespace: str = NAMESPACE) -> Pki:
+    """Issue what manifests/cert-manager/ asks cert-manager for, and store it as it would.
+
+    The extender's certificate also names 127.0.0.1: here its Service is an address on
+    loopback. Then the ``edgegpu-ca`` ConfigMap of docs/install.md.
+    """
+    pki = Pki(cp.folder / f"pki-{namespace}")
+    pki.folder.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", str(pki.folder / "ca.key"), "-out", str(pki.ca),
+             "-days", "7", "-subj", "/CN=edgegpu-ca")  # fmt: skip
+    specs = _certificate_specs(namespace)
+    for secret, who in (
+        ("edgegpu-extender-tls", "extender"),
+        ("edgegpu-scheduler-tls", "scheduler"),
+    ):
+        spec = specs[secret]
+        crt, key = pki.pair(who)
+        csr = pki.folder / f"{who}.csr"
+        _openssl("req", "-new", *ec, "-keyout", str(key), "-out", str(csr),
+                 "-subj", f"/CN={spec['commonName']}")  # fmt: skip
+        usage = {"server auth": "serverAuth", "client auth": "clientAuth"}
+        ext = [f"extendedKeyUsage={','.join(usage[u] for u in spec['usages'])}"]
+        if spec.get("dnsNames"):
+            ext.append("subjectAltName=" + ",".join(
+                [f"DNS:{n}" for n in spec["dnsNames"]] + ["IP:127.0.0.1"]
+            ))  # fmt: skip
+        (pki.folder / f"{who}.ext").write_text("\n".join(ext) + "\n")
+        _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca), "-CAkey",
+                 str(pki.folder / "ca.key"), "-CAcreateserial", "-days", "7", "-extfile",
+                 str(pki.folder / f"{who}.ext"), "-out", str(crt))  # fmt: skip
+        data = {
+            "tls.crt": crt.read_bytes(),
+            "tls.key": key.read_bytes(),
+            "ca.crt": pki.ca.read_bytes(),
+        }
+        cp.kubectl("create", "-f", "-", "--namespace", namespace, input=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": secret, "namespace": namespace},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }))  # fmt: skip
+    cp.kubectl("create", "configmap", "edgegpu-ca", "--namespace", namespace,
+               f"--from-file=ca.crt={pki.ca}")  # fmt: skip
+    return pki
+
+
+def mount(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any],
+          folder: Path) -> dict[str, Path]:  # fmt: skip
+    """The container's Secret and ConfigMap volumes, read from the API server and written under
+    ``folder``, as kubelet mounts them: mount path → local folder."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    out: dict[str, Path] = {}
+    for m in container.get("volumeMounts") or []:
+        volume = volumes.get(m["name"]) or {}
+        if "secret" in volume:
+            source, kind = volume["secret"], "secrets"
+            name = source["secretName"]
+        elif "configMap" in volume:
+            source, kind = volume["configMap"], "configmaps"
+            name = source["name"]
+        else:
+            continue
+        obj = cp.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        if obj is None:
+            raise ClusterError(f"{kind} {namespace}/{name} is not there to mount")
+        data = {
+            k: base64.b64decode(v) if kind == "secrets" else str(v).encode()
+            for k, v in (obj.get("data") or {}).items()
+        }
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        target = folder / m["name"]
+        target.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            (target / item["path"]).write_bytes(data[item["key"]])
+        out[m["mountPath"]] = target
+    return out
+
+
+def remount(value: str, mounts: dict[str, Path]) -> str:
+    """``value`` with a mounted path replaced by its local folder."""
+    for path, local in mounts.items():
+        value = value.replace(path, str(local))
+    return value
 
 
 @dataclass
@@ -82,11 +233,13 @@ class Extender:
     deployment: dict[str, Any] | None = None
     """The Deployment it runs as (default: manifests/extender/deployment.yaml's)."""
     namespace: str = NAMESPACE
+    mounts: dict[str, Path] = field(default_factory=dict)
+    """The Deployment's Secret and ConfigMap mounts: mount path → local folder."""
 
     @property
     def url(self) -> str:
         """Where the scheduler's verbs are answered."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     @property
     def ingest_url(self) -> str:
@@ -96,8 +249,12 @@ class Extender:
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The manifest's arguments and environment, rewritten for a process on loopback."""
         deployment = self.deployment or _deployment("extender/deployment.yaml")
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
-        args = [str(a) for a in container["args"]]
+        pod_spec = deployment["spec"]["template"]["spec"]
+        container = pod_spec["containers"][0]
+        self.mounts = mount(
+            self.cp, self.namespace, pod_spec, container, self.cp.folder / self.name
+        )
+        args = [remount(str(a), self.mounts) for a in container["args"]]
         out: list[str] = []
         it = iter(args)
         for arg in it:
@@ -115,7 +272,7 @@ class Extender:
         fields = {"metadata.namespace": self.namespace, "metadata.name": self.name}
         for var in container.get("env") or []:
             if "value" in var:
-                env[var["name"]] = str(var["value"])
+                env[var["name"]] = remount(str(var["value"]), self.mounts)
             else:
                 env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
         return [sys.executable, "-m", "scheduler_extender", *out, *self.extra_args], env
@@ -140,7 +297,10 @@ class Extender:
                 raise ClusterError(
                     f"{self.name} exited:\n{self.process.tail() if self.process else ''}"
                 )
-            return httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200
+            try:
+                return self.fetch("/readyz", timeout_s=2.0).status_code == 200
+            except httpx.TransportError:
+                return False
 
         wait_until(f"{self.name} /readyz", ready, timeout_s, 0.3)
 
@@ -149,9 +309,21 @@ class Extender:
         self.cp.retire(self.process)
         self.process = None
 
+    def context(self) -> ssl.SSLContext:
+        """TLS as a client of this replica: its CA (from the Secret it mounts)."""
+        (ca,) = (self.cp.folder / self.name).glob("*/ca.crt")
+        return ssl.create_default_context(cafile=str(ca))
+
+    def fetch(self, path: str, timeout_s: float = 5.0) -> httpx.Response:
+        """GET ``path`` over HTTPS, checking the certificate against its Service's name."""
+        return httpx.get(
+            f"{self.url}{path}", verify=self.context(), timeout=timeout_s,
+            extensions={"sni_hostname": f"edgegpu-extender.{self.namespace}.svc"},
+        )  # fmt: skip
+
     def get(self, path: str) -> Any:
         """GET a JSON endpoint of this replica."""
-        return httpx.get(f"{self.url}{path}", timeout=5.0).json()
+        return self.fetch(path).json()
 
 
 def _pod_name(body: bytes) -> str:
@@ -178,8 +350,10 @@ class Balancer:
     to restart that replica between filter and bind.
     """
 
-    def __init__(self, replicas: list[Extender]) -> None:
+    def __init__(self, replicas: list[Extender], pki: Pki) -> None:
         self.replicas = replicas
+        self.pki = pki
+        """Its serving certificate is the extender's; it takes the scheduler's only."""
         self.port = free_port()
         self.split_bind = False
         self.before_bind: Callable[[int], None] | None = None
@@ -190,12 +364,12 @@ class Balancer:
         self._last_filter = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._client = httpx.Client(timeout=10.0)  # kept-alive connections to each replica
+        self._client = httpx.Client()
 
     @property
     def url(self) -> str:
         """The address the scheduler is given."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     def _first(self, path: str) -> int:
         n = len(self.replicas)
@@ -248,6 +422,9 @@ class Balancer:
 
     def start(self) -> None:
         """Serve in a thread."""
+        # Kept-alive connections to each replica, with the scheduler's client certificate: the
+        # harness stands for the Service, which passes the scheduler's TLS through.
+        self._client = httpx.Client(timeout=10.0, verify=self.pki.scheduler_context())
         config = uvicorn.Config(
             self._app,
             host="127.0.0.1",
@@ -255,6 +432,10 @@ class Balancer:
             log_level="warning",
             lifespan="off",
             interface="asgi3",
+            ssl_certfile=str(self.pki.pair("extender")[0]),
+            ssl_keyfile=str(self.pki.pair("extender")[1]),
+            ssl_ca_certs=str(self.pki.ca),
+            ssl_cert_reqs=ssl.CERT_REQUIRED,  # only the scheduler, as the extender's verbs
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -286,8 +467,14 @@ class EdgegpuScheduler:
         doc: dict[str, Any] = yaml.safe_load(
             (ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml").read_text()
         )
+        mounts = mount(self.cp, NAMESPACE, *_pod("scheduler/deployment.yaml"),
+                       self.cp.folder / self.name)  # fmt: skip
         for ext in doc["extenders"]:
             ext["urlPrefix"] = re.sub(r"^https?://[^/]+", self.extender_url, ext["urlPrefix"])
+            tls = ext.get("tlsConfig") or {}
+            for key in ("certFile", "keyFile", "caFile"):
+                if key in tls:
+                    tls[key] = remount(tls[key], mounts)
             ext.update(self.overrides)
         if self.name != "edgegpu-scheduler":  # a second one: its own profile and Lease
             doc["profiles"][0]["schedulerName"] = self.name
@@ -300,9 +487,7 @@ class EdgegpuScheduler:
         """Start it and wait until it holds its leader Lease (then it schedules)."""
         path = self.cp.folder / f"{self.name}-config.yaml"
         path.write_text(yaml.safe_dump(self.config()))
-        container = _deployment("scheduler/deployment.yaml")["spec"]["template"]["spec"][
-            "containers"
-        ][0]
+        container = _pod("scheduler/deployment.yaml")[1]
         flags = [f for f in container["command"][1:] if not f.startswith("--config")]
         self.process = self.cp.spawn(
             self.name,
@@ -376,7 +561,18 @@ class Agent:
         """Wait for the DaemonSet's pod, take a token bound to it, start the agent."""
         self.pod = wait_until(f"agent pod on {self.node}", self.agent_pod, 90.0, 0.5)
         (self.home / "state").mkdir(parents=True, exist_ok=True)
-        token = self.cp.token(NAMESPACE, "edgegpu-node-agent", pod=self.pod, expiration_s=3600)
+        pod_spec, container = _pod("node-agent/daemonset.yaml")
+        mounts = mount(self.cp, NAMESPACE, {"volumes": [
+            v for v in pod_spec["volumes"] if "configMap" in v
+        ]}, container, self.home)  # fmt: skip
+        ca = next(remount(a, mounts) for a in container["args"] if a.startswith("--ca-file="))
+        (token_source,) = (
+            s["serviceAccountToken"]
+            for v in pod_spec["volumes"] if "projected" in v
+            for s in v["projected"]["sources"] if "serviceAccountToken" in s
+        )  # fmt: skip
+        token = self.cp.token(NAMESPACE, "edgegpu-node-agent", pod=self.pod, expiration_s=3600,
+                              audiences=[token_source["audience"]])  # fmt: skip
         token_file = self.cp.folder / f"agent-{self.node}.token"
         token_file.write_text(token)
         self.process = self.cp.spawn(f"agent-{self.node}", [
@@ -386,7 +582,7 @@ class Agent:
             "--extender-urls", ",".join(self.extender_urls), "--interval-s", str(self.interval_s),
             "--metrics-port", "0", "--token-file", str(token_file), "--log-level", "warning",
             "--state-dir", str(self.home / "state"), "--reboot-sentinel", str(self.sentinel),
-            *self.extra_args,
+            ca, *self.extra_args,
         ], env={"PYTHONUNBUFFERED": "1"})  # fmt: skip
 
     def stop(self) -> None:

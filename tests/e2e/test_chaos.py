@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import pytest
 
 from node_agent.deviceplugin.plugin import gpu_of
@@ -230,7 +229,7 @@ def node_reasons(cluster: Cluster, name: str) -> list[str]:
 
 def metric(ext: Extender, name: str) -> float:
     """The sum of one metric's samples on a replica."""
-    text = httpx.get(f"{ext.url}/metrics", timeout=5.0).text
+    text = ext.fetch("/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -11,11 +12,14 @@ from tests.e2e.conftest import Cluster
 
 
 def plugin(cluster: Cluster, url: str, *args: str) -> Any:
+    # The extender serves HTTPS with the install's CA: the plugin trusts it as any Python
+    # HTTPS client does, through SSL_CERT_FILE.
+    env = {**os.environ, "SSL_CERT_FILE": str(cluster.balancer.pki.ca)}
     proc = subprocess.run(
         [sys.executable, "-m", "scheduler_extender.kubectl",
          "--kubeconfig", str(cluster.cp.admin_kubeconfig), "--extender-url", url,
          "-o", "json", *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import Cluster, until
+from tests.e2e.edgegpu import NAMESPACE
 
 POLICY = "/apis/kepler.io/v1/gpuschedulingpolicies/edge-gpu-policy"
 
@@ -93,7 +96,7 @@ def test_agent_tokens_are_checked_against_the_node_their_pod_runs_on(cluster: Cl
     url = cluster.extenders[0].ingest_url + "/v1/telemetry"
 
     def push(node: str, bearer: str) -> httpx.Response:
-        return httpx.post(url, json=report(cluster, node),
+        return httpx.post(url, json=report(cluster, node), verify=cluster.extenders[0].context(),
                           headers={"authorization": f"Bearer {bearer}"}, timeout=10.0)  # fmt: skip
 
     ok = push("gpu-a", token)
@@ -103,3 +106,70 @@ def test_agent_tokens_are_checked_against_the_node_their_pod_runs_on(cluster: Cl
     # The real agents, with tokens bound to their DaemonSet pods, keep reporting.
     rows = {r["node"]: r for r in cluster.extenders[0].get("/debug/nodes")["nodes"]}
     assert rows["gpu-b"]["reported"] and not rows["gpu-b"]["stale"]
+
+
+def test_a_token_not_issued_for_the_edgegpu_audience_is_refused(cluster: Cluster) -> None:
+    """The agent pod's own ServiceAccount token, made for the API server, is not a push
+    credential: the DaemonSet projects one for the audience edgegpu, and TokenReview checks it."""
+    agent = cluster.agents["gpu-a"]
+    assert agent.pod is not None
+    for_the_api_server = cluster.cp.token(NAMESPACE, "edgegpu-node-agent", pod=agent.pod,
+                                          expiration_s=600)  # fmt: skip
+    ext = cluster.extenders[0]
+    refused = httpx.post(f"{ext.ingest_url}/v1/telemetry", json=report(cluster, "gpu-a"),
+                         headers={"authorization": f"Bearer {for_the_api_server}"},
+                         verify=ext.context(), timeout=10.0)  # fmt: skip
+    assert refused.status_code == 401, refused.text
+    assert "audience" in refused.text
+
+
+def test_only_the_scheduler_binds_a_caller_in_another_namespace_is_refused(
+    cluster: Cluster, ns: str
+) -> None:
+    """What a pod of another tenant can send the extender's port: no client certificate (with
+    its own ServiceAccount token), a certificate of another CA, a plain-text body. None binds
+    the pending pod; the release keeps scheduling."""
+    cluster.create({**cluster.pod("target", ns, blocks=1), "spec": {
+        **cluster.pod("target", ns, blocks=1)["spec"], "schedulerName": "nobody-serves-this"}})  # fmt: skip
+    target = cluster.get_pod(ns, "target")
+    assert target is not None
+    intruder = cluster.namespace(f"{ns}-intruder")
+    token = cluster.cp.token(intruder, "default", expiration_s=600)
+    ext = cluster.extenders[0]
+    bind = {"PodName": "target", "PodNamespace": ns, "PodUID": target["metadata"]["uid"],
+            "Node": "gpu-a"}  # fmt: skip
+
+    no_cert = httpx.post(f"{ext.url}/bind", json=bind, verify=ext.context(), timeout=10.0,
+                         headers={"authorization": f"Bearer {token}"})  # fmt: skip
+    assert no_cert.status_code == 403, no_cert.text
+
+    other = cluster.cp.folder / "intruder-pki"
+    other.mkdir(exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-keyout", str(other / "k.pem"), "-out", str(other / "c.pem"),
+         "-subj", "/CN=edgegpu-scheduler"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    forged = ext.context()
+    forged.load_cert_chain(str(other / "c.pem"), str(other / "k.pem"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(f"{ext.url}/bind", json=bind, verify=forged, timeout=10.0)
+
+    scheduler = cluster.balancer.pki.scheduler_context()
+    plain = httpx.post(f"{ext.url}/bind", content=json.dumps(bind), verify=scheduler, timeout=10.0,
+                       headers={"content-type": "text/plain"})  # fmt: skip
+    assert plain.status_code == 415, plain.text
+    # Even with the scheduler's own certificate: not a pod of the scheduler the extender serves.
+    served = httpx.post(f"{ext.url}/bind", json=bind, verify=scheduler, timeout=10.0)
+    assert served.status_code == 200 and served.json()["Error"], served.text
+
+    time.sleep(1.0)
+    after = cluster.get_pod(ns, "target")
+    assert after is not None and not after["spec"].get("nodeName")
+    cluster.create(cluster.pod("normal", ns, blocks=1))
+    bound = cluster.wait_bound(ns, "normal")
+    cluster.delete_namespace(intruder)
+    print(f"bind refused: no certificate 403, another CA's refused in the handshake, text/plain "
+          f"415, unserved scheduler: {served.json()['Error'][:80]!r}; normal pod bound to "
+          f"{bound['spec']['nodeName']}")  # fmt: skip

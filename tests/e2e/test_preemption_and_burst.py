@@ -10,8 +10,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
 from tests.e2e.conftest import Cluster, device_plugin, until
 from tests.e2e.edgegpu import Agent
 
@@ -195,7 +193,7 @@ def refusals(cluster: Cluster) -> float:
     """Binds the extender replicas refused for want of room (every replica, summed)."""
     total = 0.0
     for ext in cluster.extenders:
-        text = httpx.get(f"{ext.url}/metrics", timeout=5.0).text
+        text = ext.fetch("/metrics").text
         for line in text.splitlines():
             if line.startswith("edgegpu_extender_binds_total") and 'result="no_fit"' in line:
                 total += float(line.rsplit(" ", 1)[1])

@@ -6,8 +6,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from tests.e2e.conftest import Cluster, until
 from tests.e2e.edgegpu import NAMESPACE
 from tests.e2e.test_policy_and_auth import patch_policy
@@ -173,7 +171,7 @@ def test_a_pod_on_a_gpu_hot_for_longer_than_migrate_after_is_evicted(
 
 
 def _evictions(ext: Any, result: str = "evicted") -> float:
-    text = httpx.get(f"{ext.url}/metrics", timeout=5).text
+    text = ext.fetch("/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 JSON = dict[str, Any]
+API_SERVER_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class FakeKube:
         self.compacted_rv = 0
         self.cond = threading.Condition()
         self.tokens: dict[str, JSON] = {}
+        self.audiences: dict[str, list[str]] = {}
         self.requests: list[tuple[str, str]] = []
         self.fail_next: dict[tuple[str, str], int] = {}
         """(method, path regex) → status code to answer once (fault injection)."""
@@ -300,8 +302,11 @@ class FakeKube:
         return self.put("pods", {"metadata": meta, "spec": spec, "status": {"phase": phase}})
 
     def add_token(
-        self, token: str, namespace: str, service_account: str, pod: str, pod_uid: str
-    ) -> None:
+        self, token: str, namespace: str, service_account: str, pod: str, pod_uid: str,
+        audiences: tuple[str, ...] = ("edgegpu",),
+    ) -> None:  # fmt: skip
+        """A projected token for the pod, issued for ``audiences`` (the DaemonSet's: edgegpu)."""
+        self.audiences[token] = list(audiences)
         self.tokens[token] = {
             "username": f"system:serviceaccount:{namespace}:{service_account}",
             "uid": str(uuid.uuid4()),
@@ -624,9 +629,16 @@ class FakeKube:
     def _token_review(self, body: JSON) -> JSON:
         token = body.get("spec", {}).get("token", "")
         user = self.tokens.get(token)
+        # As the API server: the token must be for one of the audiences asked (its own when
+        # none are), and the status names those that matched.
+        wanted = body.get("spec", {}).get("audiences") or [API_SERVER_AUDIENCE]
+        matched = [a for a in self.audiences.get(token, []) if a in wanted]
+        if user is not None and not matched:
+            user = None
         status: JSON = {"authenticated": user is not None}
         if user is not None:
             status["user"] = user
+            status["audiences"] = matched
         else:
             status["error"] = "invalid bearer token"
         return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},

@@ -3,6 +3,7 @@ objects valid Kubernetes objects with any of its values."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,66 @@ def test_helm_lints_the_chart_and_its_defaults_render_the_manifests_objects():
     )
     kustomized = _kustomized()
     del kustomized[("Namespace", "", "edgegpu-system")]  # helm install --create-namespace
-    assert sorted(rendered) == sorted(kustomized)
+    # tls.source: helm (the default) adds what cert-manager would make, and the CA ConfigMap.
+    tls = {("Secret", "edgegpu-system", "edgegpu-extender-tls"),
+           ("Secret", "edgegpu-system", "edgegpu-scheduler-tls"),
+           ("ConfigMap", "edgegpu-system", "edgegpu-ca")}  # fmt: skip
+    assert sorted(set(rendered) - tls) == sorted(kustomized)
+    assert tls <= set(rendered)
     for key, obj in kustomized.items():
         assert rendered[key] == obj, key
+
+
+def _pem(data: dict[str, str], key: str, folder: Path) -> Path:
+    path = folder / key
+    path.write_bytes(base64.b64decode(data[key]))
+    return path
+
+
+def _openssl(*args: str) -> str:
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_by_default_helm_makes_one_ca_the_extenders_serving_and_the_schedulers_client_certificate(
+    tmp_path: Path,
+) -> None:
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops"))
+    server = objects[("Secret", "edge-ops", "edgegpu-extender-tls")]["data"]
+    client = objects[("Secret", "edge-ops", "edgegpu-scheduler-tls")]["data"]
+    ca = tmp_path / "bundle.crt"
+    ca.write_text(objects[("ConfigMap", "edge-ops", "edgegpu-ca")]["data"]["ca.crt"])
+    assert (
+        base64.b64decode(server["ca.crt"]) == ca.read_bytes() == base64.b64decode(client["ca.crt"])
+    )
+    for data, who in ((server, "server"), (client, "client")):
+        folder = tmp_path / who
+        folder.mkdir()
+        crt = _pem(data, "tls.crt", folder)
+        assert _openssl("verify", "-CAfile", str(ca), str(crt)).strip().endswith(": OK")
+        _pem(data, "tls.key", folder)
+    names = _openssl("x509", "-in", str(tmp_path / "server" / "tls.crt"), "-noout", "-ext",
+                     "subjectAltName")  # fmt: skip
+    assert "DNS:edgegpu-extender.edge-ops.svc" in names
+    assert "DNS:edgegpu-extender-headless.edge-ops.svc" in names
+    subject = _openssl("x509", "-in", str(tmp_path / "client" / "tls.crt"), "-noout", "-subject")
+    assert "edgegpu-scheduler" in subject
+
+
+def test_with_cert_manager_the_chart_asks_for_the_certificates_the_manifests_ask_for():
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
+                             "--set", "tls.source=cert-manager"))  # fmt: skip
+    assert not [k for k in objects if k[0] == "Secret"]
+    wanted = [
+        d for d in yaml.safe_load_all(
+            (ROOT / "manifests" / "cert-manager" / "certificates.yaml").read_text()
+            .replace("edgegpu-system", "edge-ops")
+        ) if d
+    ]  # fmt: skip
+    for doc in wanted:
+        assert objects[(doc["kind"], "edge-ops", doc["metadata"]["name"])] == doc
+    existing = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
+                              "--set", "tls.source=existing"))  # fmt: skip
+    assert not [k for k in existing if k[0] in ("Secret", "Certificate", "Issuer")]
 
 
 def test_other_values_render_valid_objects_that_carry_them():
@@ -96,34 +154,33 @@ def test_other_values_render_valid_objects_that_carry_them():
             "--set", "scheduler.enabled=false", "--set", "policyName=edge-ops-policy",
             "--set", "policy.thermalThrottling.maxTemp=80",
             "--set", "policy.remediation.enabled=true",
-            "--set", "extender.tls.secretName=edgegpu-tls",
+            "--set", "prometheusNamespace=observability",
         )
     )  # fmt: skip
     for (kind, _, _), obj in objects.items():
         if kind not in CUSTOM_KINDS:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    assert not [k for k in objects if "scheduler" in k[2]]
+    # The scheduler's client certificate stays: the cluster's own scheduler presents it.
+    assert [k for k in objects if "scheduler" in k[2]] == [
+        ("Secret", "edge-ops", "edgegpu-scheduler-tls")
+    ]
     extender = objects[("Deployment", "edge-ops", "edgegpu-extender")]["spec"]
     assert extender["replicas"] == 3
     (serving,) = extender["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in serving["env"]}
     assert env["EDGEGPU_POLICY_NAME"] == "edge-ops-policy"
     assert env["EDGEGPU_AGENT_NAMESPACE"] == "edge-ops"
-    # TLS: the extender serves HTTPS from the Secret, its probes use it, the agents verify it.
-    assert env["EDGEGPU_TLS_CERT_FILE"] == "/etc/edgegpu-tls/tls.crt"
-    assert serving["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    assert {"name": "tls", "secret": {"secretName": "edgegpu-tls"}} in extender["template"]["spec"][
-        "volumes"
-    ]
     agent = objects[("DaemonSet", "edge-ops", "edgegpu-node-agent")]["spec"]["template"]["spec"]
     (container,) = agent["containers"]
     assert "--backend=amd" in container["args"]
     assert (
         "--extender-urls=https://edgegpu-extender-headless.edge-ops.svc:8888" in container["args"]
     )
-    assert "--ca-file=/etc/edgegpu-tls/ca.crt" in container["args"]
-    ca_only = {"secretName": "edgegpu-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
-    assert {"name": "tls", "secret": ca_only} in agent["volumes"]  # never the extender's key
+    policy_rule = objects[("NetworkPolicy", "edge-ops", "edgegpu-extender")]["spec"]["ingress"][0]
+    (prometheus,) = [f for f in policy_rule["from"] if "namespaceSelector" in f]
+    assert prometheus["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "observability"
+    }
     assert agent["nodeSelector"] == {"accelerator": "nvidia-tesla", "gpu": "amd-mi210"}
     assert agent["tolerations"] == [
         {"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}
@@ -135,9 +192,8 @@ def test_other_values_render_valid_objects_that_carry_them():
     assert policy["remediation"] == {"enabled": True}
 
 
-def test_with_tls_the_second_scheduler_calls_the_extender_over_https_with_the_ca():
-    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
-                             "--set", "extender.tls.secretName=edgegpu-tls"))  # fmt: skip
+def test_the_second_scheduler_calls_the_extender_with_mtls_and_agents_get_the_ca_only():
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops"))
     for (kind, _, _), obj in objects.items():
         if kind not in CUSTOM_KINDS:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -147,10 +203,19 @@ def test_with_tls_the_second_scheduler_calls_the_extender_over_https_with_the_ca
     (extender,) = config["extenders"]
     assert extender["urlPrefix"] == "https://edgegpu-extender.edge-ops.svc:8888"
     assert extender["enableHTTPS"] is True
-    assert extender["tlsConfig"] == {"caFile": "/etc/edgegpu-tls/ca.crt"}
+    assert extender["tlsConfig"] == {"certFile": "/etc/edgegpu-tls/tls.crt",
+                                     "keyFile": "/etc/edgegpu-tls/tls.key",
+                                     "caFile": "/etc/edgegpu-tls/ca.crt"}  # fmt: skip
     pod = objects[("Deployment", "edge-ops", "edgegpu-scheduler")]["spec"]["template"]["spec"]
-    ca_only = {"secretName": "edgegpu-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
-    assert {"name": "tls", "secret": ca_only} in pod["volumes"]
-    assert {"name": "tls", "mountPath": "/etc/edgegpu-tls", "readOnly": True} in pod["containers"][
-        0
-    ]["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "edgegpu-scheduler-tls"}} in pod["volumes"]
+    serving = objects[("Deployment", "edge-ops", "edgegpu-extender")]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in serving["containers"][0]["env"]}
+    assert env["EDGEGPU_CLIENT_CA_FILE"] == "/etc/edgegpu-tls/ca.crt"
+    assert env["EDGEGPU_TOKEN_AUDIENCE"] == "edgegpu"
+    assert serving["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    agent = objects[("DaemonSet", "edge-ops", "edgegpu-node-agent")]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    assert volumes["ca"] == {"name": "ca", "configMap": {"name": "edgegpu-ca"}}
+    assert not [v for v in agent["volumes"] if "secret" in v]  # never a private key on a node
+    (token,) = volumes["token"]["projected"]["sources"]
+    assert token["serviceAccountToken"]["audience"] == "edgegpu"

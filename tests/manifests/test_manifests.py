@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.34.0"
 CUSTOM_KINDS = {
+    "Certificate",
+    "Issuer",
     "GPUSchedulingPolicy",
     "PrometheusRule",
     "KubeSchedulerConfiguration",
@@ -69,7 +71,7 @@ def test_every_kustomization_lists_files_that_exist():
         r for r in yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
     }
     for path, doc in DOCS:
-        if not path.startswith(("monitoring/", "crd/")) and doc["kind"] not in (
+        if not path.startswith(("monitoring/", "crd/", "cert-manager/")) and doc["kind"] not in (
             "Kustomization",
             "KubeSchedulerConfiguration",
         ):
@@ -116,7 +118,8 @@ def test_the_scheduler_config_matches_the_extender_routes_and_resources():
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     assert managed == dict.fromkeys([MEM_BLOCK_RESOURCE, *WHOLE_GPU_RESOURCES], False)
     service = by_kind("Service", "edgegpu-extender")
-    host, port = ext["urlPrefix"].removeprefix("http://").split(":")
+    host, port = ext["urlPrefix"].removeprefix("https://").split(":")
+    assert ext["enableHTTPS"] is True and set(ext["tlsConfig"]) == {"certFile", "keyFile", "caFile"}
     assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     assert int(port) == service["spec"]["ports"][0]["port"]
     assert config["profiles"][0]["schedulerName"] == "edgegpu-scheduler"
