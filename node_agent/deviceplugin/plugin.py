@@ -48,7 +48,8 @@ after, for the same container)."""
 MAX_OFFERS = 64
 """Matches kept for the ``Allocate`` calls to come (kubelet admits one container at a time)."""
 MAX_REQUEST_IDS = 65_536
-"""Device IDs one preferred allocation request may name (kubelet names at most the node's)."""
+"""Device IDs one preferred allocation request may name in all (kubelet names at most the
+node's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,14 +255,20 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
-        """Blocks on the GPU the extender chose for the pod being admitted."""
-        for req in request.container_requests:
-            if max(req.allocation_size, len(req.available_deviceIDs),
-                   len(req.must_include_deviceIDs)) > MAX_REQUEST_IDS:  # fmt: skip
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"more than {MAX_REQUEST_IDS} device IDs in one request",
-                )
+        """Blocks on the GPU the extender chose for the pod being admitted.
+
+        Only blocks this plugin advertised are offered (others named are skipped), each once,
+        and never more than there are: the size asked is clipped to them.
+        """
+        named = sum(
+            len(req.available_deviceIDs) + len(req.must_include_deviceIDs)
+            for req in request.container_requests
+        )
+        if named > MAX_REQUEST_IDS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{named} device IDs in one request, more than {MAX_REQUEST_IDS}",
+            )
         assigned = await self._safe_lookup()
         held = await self._holders()
         out = []
@@ -276,9 +283,10 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
                     req.allocation_size,
                     match.why,
                 )
-            ids = preferred(
-                req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size, target
-            )
+            must = [d for d in dict.fromkeys(req.must_include_deviceIDs) if d in self._advertised]
+            available = [d for d in dict.fromkeys(req.available_deviceIDs) if d in self._advertised]
+            size = max(0, min(req.allocation_size, len({*must, *available})))
+            ids = preferred(available, must, size, target)
             out.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=out)
 

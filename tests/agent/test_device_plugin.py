@@ -700,14 +700,15 @@ def test_preferred_allocation_is_linear_in_the_number_of_device_ids() -> None:
     assert len(chosen) == len(set(chosen)) == 32_000
 
 
-async def test_a_preferred_allocation_request_past_the_cap_is_refused() -> None:
+async def test_a_preferred_allocation_request_naming_more_ids_than_the_cap_is_refused() -> None:
     from node_agent.deviceplugin.plugin import MAX_REQUEST_IDS
 
     plugin = BlockPlugin(_nothing, lambda: 4096)
     await plugin.update(GPUS)
     request = api_pb2.PreferredAllocationRequest(container_requests=[
         api_pb2.ContainerPreferredAllocationRequest(
-            available_deviceIDs=["GPU-a::0"], allocation_size=MAX_REQUEST_IDS + 1)])  # fmt: skip
+            available_deviceIDs=["GPU-a::0"] * MAX_REQUEST_IDS,
+            must_include_deviceIDs=["GPU-a::0"], allocation_size=1)])  # fmt: skip
     with pytest.raises(Refused) as refused:
         await plugin.GetPreferredAllocation(request, Context())
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
