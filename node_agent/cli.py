@@ -90,6 +90,24 @@ def _backend(settings: AgentSettings) -> GpuBackend:
     return load_backend(settings.backend, **options)
 
 
+def extender_tls(settings: AgentSettings) -> ssl.SSLContext | bool:
+    """How the extender's certificate is checked on https: always, against ``ca_file`` if set.
+
+    Raises OSError or ssl.SSLError for a CA file that cannot be read.
+    """
+    if settings.ca_file is None:
+        return True  # httpx's bundle, with the host name checked
+    return ssl.create_default_context(cafile=str(settings.ca_file))
+
+
+def extender_client(settings: AgentSettings, verify: ssl.SSLContext | bool) -> httpx.AsyncClient:
+    """The client of every push and assignments lookup."""
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
+    if settings.backend == "simulated" and settings.scenario == "flapping-link":
+        transport = FlappingLinkTransport(transport, time.monotonic)
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0))
+
+
 async def _nobody() -> None:
     return None
 
@@ -104,10 +122,7 @@ async def _run(
     metrics = AgentMetrics(registry, settings.node_name)
     if settings.metrics_port and not ns.once:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
-    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
-    if settings.backend == "simulated" and settings.scenario == "flapping-link":
-        transport = FlappingLinkTransport(transport, time.monotonic)
-    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0)) as client:
+    async with extender_client(settings, verify) as client:
         pusher = (
             Pusher(
                 settings.extender_urls,
@@ -145,6 +160,7 @@ async def _run(
             reboot_sentinel=settings.reboot_sentinel,
             block_mib=settings.block_mib,
             host_boot_id=host_boot_id(),
+            accept_looser_policy=settings.accept_looser_policy,
             # The block size matters to the device plugin alone: kept only where it runs.
             state=StateFile(settings.state_dir, settings.node_name)
             if settings.state_dir is not None and settings.device_plugin and not ns.once
@@ -204,13 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings, ns = parsed
     logs.setup(ns.log_level)
-    verify: ssl.SSLContext | bool = True
-    if settings.ca_file is not None:
-        try:
-            verify = ssl.create_default_context(cafile=str(settings.ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            print(f"gpu-node-agent: ca_file {settings.ca_file}: {exc}", file=sys.stderr)
-            return 2
+    try:
+        verify = extender_tls(settings)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"gpu-node-agent: ca_file {settings.ca_file}: {exc}", file=sys.stderr)
+        return 2
+    plain = [u for u in settings.extender_urls if u.startswith("http://")]
+    if plain and settings.token_file is not None:
+        log.warning("pushing to %s over plain http: the token and the answers are not "
+                    "protected (use https and --ca-file)", ", ".join(plain))  # fmt: skip
     try:
         backend = _backend(settings)
         backend.open()

@@ -32,8 +32,9 @@ class AgentSettings(BaseSettings):
     )
     ca_file: Path | None = Field(
         None,
-        description="CA bundle that signed the extender's certificate (https URLs); unset = "
-        "the system's CAs.",
+        description="CA bundle that signed the extender's certificate (https URLs; the "
+        "certificate is always checked, and must name the URL's host); unset = the public CAs "
+        "(certifi's bundle, or $SSL_CERT_FILE).",
     )
     resolve_all: bool = Field(
         False, description="Push to every address the URLs' hosts resolve to (headless Service)."
@@ -82,12 +83,38 @@ class AgentSettings(BaseSettings):
         "without asking; point kured's --reboot-sentinel here. Its folder must exist (a hostPath "
         "in the DaemonSet); unset = only logged.",
     )
-    # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline).
-    max_temp_c: float = Field(85.0, gt=0, le=150, description="°C: thermal protection starts here.")
-    cool_down_s: float = Field(300.0, ge=0, description="Below maxTemp this long → restore limits.")
-    power_saving: bool = Field(True, description="Lower clocks of idle GPUs.")
+    # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline). The
+    # extender's policy may make local protection stricter than these, never looser.
+    max_temp_c: float = Field(
+        85.0,
+        gt=0,
+        le=150,
+        description="°C: thermal protection starts here (the extender's policy may lower it, "
+        "not raise it).",
+    )
+    cool_down_s: float = Field(
+        300.0,
+        ge=0,
+        description="Below maxTemp this long → restore limits (the extender's policy may "
+        "lengthen it, not shorten it).",
+    )
+    power_saving: bool = Field(
+        True,
+        description="Lower clocks of idle GPUs (the extender's policy may turn it on, not off).",
+    )
     power_saving_threshold_pct: float = Field(
-        70.0, ge=0, le=100, description="% utilisation below which a GPU counts as idle."
+        70.0,
+        ge=0,
+        le=100,
+        description="% utilisation below which a GPU counts as idle (the extender's policy may "
+        "lower it, not raise it).",
+    )
+    accept_looser_policy: bool = Field(
+        False,
+        description="Follow the extender's policy even where it is looser than the four "
+        "settings above (a higher maxTemp, a shorter cool-down, power saving off, a higher "
+        "threshold); off = held at these settings, counted in "
+        'edgegpu_agent_answer_fields_ignored_total{reason="looser"}.',
     )
     power_saving_window_s: float = Field(60.0, ge=0, description="Idle this long → save power.")
     saving_clock_mhz: float = Field(800.0, gt=0, description="SM clock while saving (seed: 800).")

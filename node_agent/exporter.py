@@ -191,6 +191,14 @@ class AgentMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
+        self.answer_fields_ignored = Counter(
+            "edgegpu_agent_answer_fields_ignored_total",
+            "Fields of the extenders' push answers the agent did not take, by field and reason: "
+            "invalid (malformed or out of range), looser (weaker local protection than the "
+            "agent's own settings), no-boot or other-boot (a reboot ask not naming this boot).",
+            ["field", "reason"],
+            registry=registry,
+        )
         self.cycle_errors = Counter(
             "edgegpu_agent_cycle_errors_total",
             "Sampling rounds that hit an unexpected error.",

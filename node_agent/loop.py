@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +43,39 @@ DEFAULT_HOT_THRESHOLD_C = 85.0
 """The GPU temperature counted as hot until an extender says its maxTemp."""
 
 log = logging.getLogger("node_agent")
+
+_STRICTER: dict[str, tuple[str, Callable[[float, float], float]]] = {
+    "max_temp_c": ("max_temp_c", min),
+    "cool_down_s": ("cool_down_s", max),
+    "power_saving_threshold_pct": ("threshold_pct", min),
+}
+"""Each number of the policy that bounds local protection: the flag it is held to, and which
+of the two is stricter (a lower maxTemp, a longer cool-down, a lower saving threshold)."""
+
+
+def within_flags(
+    policy: Mapping[str, float | bool], flags: power.PowerArgs, *, accept_looser: bool = False
+) -> tuple[dict[str, float | bool], tuple[str, ...]]:
+    """The policy local protection follows, and the fields of ``policy`` looser than ``flags``.
+
+    An extender may make the agent's protection stricter than its own settings, never looser:
+    a looser field is held at the flag's value (power saving stays on where the flags turn it
+    on) and named, unless ``accept_looser``. ``memory_block_mib`` is no protection: it passes.
+    """
+    out = dict(policy)
+    if accept_looser:
+        return out, ()
+    looser = []
+    for key, (flag_name, stricter) in _STRICTER.items():
+        if key in policy:
+            value, flag = float(policy[key]), float(getattr(flags, flag_name))
+            out[key] = stricter(value, flag)
+            if out[key] != value:
+                looser.append(key)
+    if policy.get("power_saving") is False and flags.saving_enabled:
+        out["power_saving"] = True
+        looser.append("power_saving")
+    return out, tuple(looser)
 
 
 def host_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
@@ -156,6 +189,7 @@ class Agent:
         block_mib: int | None = None,
         host_boot_id: str | None = None,
         state: StateFile | None = None,
+        accept_looser_policy: bool = False,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -163,6 +197,12 @@ class Agent:
         self.metrics = metrics
         self.health_args = health_args
         self.power_args = power_args
+        self.flags = power_args
+        """Local protection as the agent was started with: an extender's policy may make it
+        stricter, never looser (unless ``accept_looser_policy``)."""
+        self.accept_looser_policy = accept_looser_policy
+        self._said: set[str] = set()
+        """What was logged already of the extenders' answers (a standing answer, every round)."""
         self.pusher = pusher
         self.dry_run = dry_run
         self.power_control = power_control
@@ -416,6 +456,12 @@ class Agent:
             outcome = await self.pusher.push(report.to_json_bytes())
             for url, result in outcome.results.items():
                 self.metrics.pushes.labels(url, result).inc()
+            for name in outcome.ignored:
+                self.metrics.answer_fields_ignored.labels(name, "invalid").inc()
+            fields = ", ".join(sorted(set(outcome.ignored)))
+            if fields and f"invalid:{fields}" not in self._said:
+                self._said.add(f"invalid:{fields}")
+                log.warning("an extender's answer had invalid fields, ignored: %s", fields)
             # Lent blocks only while an extender answers (it alone can take them back); kubelet
             # hears of a change at once, not a round later.
             lend_changed, self._lend = outcome.lend != self._lend, outcome.lend
@@ -484,8 +530,18 @@ class Agent:
         """Take the policy in force for local protection and power saving.
 
         The flags are what the agent starts with (and keeps while no extender answers); a
-        policy changed in the cluster reaches every agent with its next push.
+        policy changed in the cluster reaches every agent with its next push. It may make
+        protection stricter than the flags, never looser (``within_flags``).
         """
+        policy, looser = within_flags(policy, self.flags, accept_looser=self.accept_looser_policy)
+        for key in looser:
+            self.metrics.answer_fields_ignored.labels(f"policy.{key}", "looser").inc()
+        if looser and f"looser:{looser}" not in self._said:
+            self._said.add(f"looser:{looser}")
+            log.warning(
+                "the extender's policy is looser than this agent's settings in %s: held at the "
+                "agent's (--accept-looser-policy takes it)", ", ".join(looser),
+            )  # fmt: skip
         health_args = replace(
             self.health_args,
             max_temp_c=float(policy.get("max_temp_c", self.health_args.max_temp_c)),
@@ -530,7 +586,9 @@ class Agent:
         if test and test.id != self._asked_test and self._testing is None:
             self._asked_test = test.id
             self._testing = asyncio.create_task(self._run_self_test(test.id))
-        self.reboot.follow(asks.get("reboot"), self.boot, every_replica_answered)
+        refused = self.reboot.follow(asks.get("reboot"), self.boot, every_replica_answered)
+        if refused is not None:
+            self.metrics.answer_fields_ignored.labels("reboot", refused).inc()
 
     async def _run_self_test(self, request: str) -> None:
         started = self.clock()

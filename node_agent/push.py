@@ -3,14 +3,18 @@
 Replicas are the URLs given, or, with ``resolve_all``, every address their host names resolve
 to (a headless Service's DNS name lists every extender pod). Each round sends the latest
 report; a replica in backoff is skipped, so when a link comes back it gets the newest state,
-never a backlog. Imports httpx and the standard library.
+never a backlog. An answer is read up to a size cap, and each of its fields is checked on its
+own (``read_answer``). Imports httpx and the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import random
+import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +32,19 @@ PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
 ASSIGNMENTS_TIMEOUT_S = 0.75 * LOOKUP_TIMEOUT_S
 """How long one replica may take to list the node's assignments: the others' answers still
 count within the device plugin's wait."""
+MAX_ANSWER_BYTES = 1_048_576
+"""The most of an extender's answer the agent reads (a push answer or the node's assignments);
+past it the answer is dropped unread and the push counts as failed."""
+ANSWER_TIMEOUT_S = 10.0
+"""How long one push may take in all, answer included (httpx's timeouts bound each read, not
+an answer dripped in slowly)."""
+_ID = re.compile(r"[\x21-\x7e]{1,64}")
+"""A request id: printable ASCII with no space (it is written into the reboot sentinel)."""
+_BOOT = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+class AnswerTooLarge(Exception):
+    """An answer past the size cap (``MAX_ANSWER_BYTES``), or compressed (none is asked for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +54,180 @@ class Ask:
     id: str
     boot: str | None = None
     """The boot the decision was made for (the host's boot id, else the agent's); None when
-    the answer does not say (an older extender, or a self-test)."""
+    the answer does not say (a self-test; a reboot ask naming no boot is refused)."""
 
 
 def _ask(doc: object) -> Ask | None:
-    """An answer's request: a plain id, or ``{"id": …, "boot": …}`` (``boot`` optional)."""
+    """An answer's request: a plain id, or ``{"id": …, "boot": …}`` (``boot`` optional).
+
+    None when it is not one: an id or boot that is not printable ASCII without spaces, or too
+    long, makes the whole request invalid (never cut short to something it did not say).
+    """
     if isinstance(doc, str):
-        return Ask(doc[:64]) if doc else None
+        return Ask(doc) if _ID.fullmatch(doc) else None
     if not isinstance(doc, dict):
         return None
     request, boot = doc.get("id"), doc.get("boot")
-    if not isinstance(request, str) or not request:
+    if not isinstance(request, str) or not _ID.fullmatch(request):
         return None
-    return Ask(request[:64], boot[:64] if isinstance(boot, str) and boot else None)
+    if boot is None:
+        return Ask(request)
+    if not isinstance(boot, str) or not _BOOT.fullmatch(boot):
+        return None
+    return Ask(request, boot)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one push answer said, each field checked on its own (``read_answer``).
+
+    A field that fails its check is left out and named in ``ignored``; the others still apply.
+    """
+
+    accepted: bool = True
+    performance_gpus: frozenset[int] = frozenset()
+    """GPUs the extender says hold high-QoS pods (restore full clocks)."""
+    max_temp_c: float | None = None
+    """The extender's maxTemp (what counts as hot); None when it did not say a valid one."""
+    policy: dict[str, float | bool] | None = None
+    """The valid fields of the answer's ``policy`` block (``POLICY_RANGES``, ``power_saving``)."""
+    lend: dict[str, int] = field(default_factory=dict)
+    """Idle blocks lent per GPU uuid."""
+    asks: dict[str, Ask] = field(default_factory=dict)
+    """The fault loop's requests: ``self_test`` / ``reboot`` → the ask."""
+    ignored: tuple[str, ...] = ()
+    """The fields left out as invalid (``answer`` for a body that is not a JSON object)."""
+
+
+POLICY_RANGES: dict[str, tuple[float, float]] = {
+    "max_temp_c": (1.0, 150.0),
+    "cool_down_s": (0.0, 86_400.0),
+    "power_saving_threshold_pct": (0.0, 100.0),
+    "memory_block_mib": (256.0, 1_048_576.0),
+}
+"""The range each number of an answer's ``policy`` must be in (closed; ``memory_block_mib`` a
+whole number too)."""
+MAX_TEMP_RANGE_C = POLICY_RANGES["max_temp_c"]
+"""The range of the answer's top-level ``max_temp_c``, as its policy's."""
+MAX_LENT_BLOCKS = 1024
+"""Blocks one GPU may lend at most, as the agent reads an answer (a bad one costs nothing)."""
+MAX_GPU_INDEX = 1023
+"""The highest GPU index ``performance_gpus`` may name."""
+_UUID = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+"""A GPU uuid as ``lend_blocks`` names it: no control characters, at most 128 characters."""
+
+
+def read_answer(body: bytes) -> Answer:
+    """An extender's push answer, every field checked on its own; never raises.
+
+    A field that is absent or null says nothing; one of the wrong type or out of its range is
+    ignored and named in ``Answer.ignored``. A list or mapping keeps its valid entries and is
+    named once if any entry is not. A body that is not a JSON object says nothing but is named
+    (``answer``). Fields the agent does not know are skipped (a newer extender).
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return Answer(ignored=("answer",))
+    if not isinstance(doc, dict):
+        return Answer(ignored=("answer",))
+    ignored: list[str] = []
+    accepted = doc.get("accepted")
+    if accepted is not None and not isinstance(accepted, bool):
+        ignored.append("accepted")
+    max_temp = doc.get("max_temp_c")
+    max_temp_c = _number(max_temp, MAX_TEMP_RANGE_C)
+    if max_temp is not None and max_temp_c is None:
+        ignored.append("max_temp_c")
+    asks: dict[str, Ask] = {}
+    for kind in ("self_test", "reboot"):
+        if doc.get(kind) is None:
+            continue
+        ask = _ask(doc[kind])
+        if ask is None:
+            ignored.append(kind)
+        else:
+            asks[kind] = ask
+    return Answer(
+        accepted=accepted if isinstance(accepted, bool) else True,
+        performance_gpus=_performance_gpus(doc.get("performance_gpus"), ignored),
+        max_temp_c=max_temp_c,
+        policy=_policy(doc.get("policy"), ignored),
+        lend=_lend(doc.get("lend_blocks"), ignored),
+        asks=asks,
+        ignored=tuple(ignored),
+    )
+
+
+def _number(value: object, bounds: tuple[float, float]) -> float | None:
+    """``value`` as a float if it is a finite JSON number within ``bounds``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
+    low, high = bounds
+    return number if math.isfinite(number) and low <= number <= high else None
+
+
+def _performance_gpus(doc: object, ignored: list[str]) -> frozenset[int]:
+    if doc is None:
+        return frozenset()
+    if not isinstance(doc, list):
+        ignored.append("performance_gpus")
+        return frozenset()
+    gpus = [g for g in doc if _is_gpu_index(g)]
+    if len(gpus) != len(doc):
+        ignored.append("performance_gpus")
+    return frozenset(gpus)
+
+
+def _is_gpu_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX
+
+
+def _lend(doc: object, ignored: list[str]) -> dict[str, int]:
+    """The valid entries of an answer's ``lend_blocks`` (GPU uuid → blocks)."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        ignored.append("lend_blocks")
+        return {}
+    lend = {
+        uuid: n
+        for uuid, n in doc.items()
+        if _UUID.fullmatch(uuid)
+        and isinstance(n, int)
+        and not isinstance(n, bool)
+        and 0 < n <= MAX_LENT_BLOCKS
+    }
+    if len(lend) != len(doc):
+        ignored.append("lend_blocks")
+    return lend
+
+
+def _policy(doc: object, ignored: list[str]) -> dict[str, float | bool] | None:
+    """The valid fields of an answer's ``policy`` (a newer or broken extender costs nothing)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        ignored.append("policy")
+        return None
+    out: dict[str, float | bool] = {}
+    for key, bounds in POLICY_RANGES.items():
+        value = doc.get(key)
+        number = _number(value, bounds)
+        if number is not None and (key != "memory_block_mib" or number.is_integer()):
+            out[key] = number
+        elif value is not None:
+            ignored.append(f"policy.{key}")
+    saving = doc.get("power_saving")
+    if isinstance(saving, bool):
+        out["power_saving"] = saving
+    elif saving is not None:
+        ignored.append("policy.power_saving")
+    return out or None
 
 
 @dataclass(slots=True)
@@ -66,7 +244,7 @@ class _Target:
     next_at: float = 0.0
     last_error: str = ""
     max_temp_c: float | None = None
-    """The extender's maxTemp, from its last answer."""
+    """The extender's maxTemp, from its last answer that said a valid one."""
     asks: dict[str, Ask] = field(default_factory=dict)
     """The remediation requests of its last answer: ``self_test`` / ``reboot`` → the ask."""
     policy: dict[str, float | bool] | None = None
@@ -88,9 +266,12 @@ class PushOutcome:
     """What the extenders asked this round: ``self_test`` / ``reboot`` → the ask."""
     policy: dict[str, float | bool] | None = None
     """The policy in force as an extender answered it (``max_temp_c``, ``cool_down_s``,
-    ``power_saving``, ``power_saving_threshold_pct``; each only when valid)."""
+    ``power_saving``, ``power_saving_threshold_pct``, ``memory_block_mib``; each only when
+    valid)."""
     lend: dict[str, int] = field(default_factory=dict)
     """Idle blocks lent per GPU uuid: the least any answering extender said (none: none)."""
+    ignored: tuple[str, ...] = ()
+    """The answer fields ignored as invalid this round, once per answer that had them."""
 
 
 class Pusher:
@@ -107,6 +288,8 @@ class Pusher:
         max_backoff_s: float = 60.0,
         rng: random.Random | None = None,
         resolve_all: bool = False,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
     ) -> None:
         self._urls = list(urls)
         self._targets = [_Target(u, u.rstrip("/") + "/v1/telemetry") for u in urls]
@@ -118,6 +301,8 @@ class Pusher:
         self._base = base_backoff_s
         self._max = max_backoff_s
         self._rng = rng or random.Random()
+        self._max_answer_bytes = max_answer_bytes
+        self._answer_timeout_s = answer_timeout_s
 
     def backoff_s(self, failures: int) -> float:
         """Delay after ``failures`` failures in a row.
@@ -129,7 +314,8 @@ class Pusher:
         return float(bound * self._rng.uniform(0.5, 1.0))
 
     def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json"}
+        # No compressed answers: their size is known only once inflated.
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if self._token_file is not None:
             try:
                 # Projected tokens rotate: read the file on every push.
@@ -175,51 +361,39 @@ class Pusher:
 
     async def _one(
         self, target: _Target, body: bytes, headers: dict[str, str]
-    ) -> tuple[PushResult, frozenset[int]]:
+    ) -> tuple[PushResult, Answer | None]:
         now = self._clock()
         if now < target.next_at:
-            return "backoff", frozenset()
+            return "backoff", None
         if target.host is not None:
             headers = {**headers, "host": target.host}
         try:
-            response = await self._client.post(
-                target.url, content=body, headers=headers, extensions=_tls_name(target)
-            )
-        except httpx.HTTPError as exc:
-            return self._failed(target, now, f"{type(exc).__name__}: {exc}"), frozenset()
-        if response.status_code >= 500 or response.status_code in (401, 403, 429):
-            return self._failed(
-                target, now, f"HTTP {response.status_code}: {response.text[:200]}"
-            ), frozenset()
-        if response.status_code >= 400:
+            async with asyncio.timeout(self._answer_timeout_s):
+                async with self._client.stream(
+                    "POST", target.url, content=body, headers=headers, extensions=_tls_name(target)
+                ) as response:
+                    status = response.status_code
+                    raw = await _read_capped(response, self._max_answer_bytes)
+        except (httpx.HTTPError, AnswerTooLarge) as exc:
+            return self._failed(target, now, f"{type(exc).__name__}: {exc}"), None
+        except TimeoutError:
+            return self._failed(target, now, f"no answer within {self._answer_timeout_s:g} s"), None
+        if status >= 500 or status in (401, 403, 429):
+            return self._failed(target, now, f"HTTP {status}: {_text(raw, 200)}"), None
+        if status >= 400:
             # Our report is wrong: say so loudly, and back off so the log is not flooded.
-            self._failed(target, now, f"HTTP {response.status_code}: {response.text[:500]}")
-            return "rejected", frozenset()
+            self._failed(target, now, f"HTTP {status}: {_text(raw, 500)}")
+            return "rejected", None
         if target.failures:
             log.info("push to %s works again after %d failures", target.url, target.failures)
         target.failures, target.next_at, target.last_error = 0, 0.0, ""
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = {}
-        gpus = payload.get("performance_gpus") if isinstance(payload, dict) else None
-        boost = (
-            frozenset(g for g in gpus if isinstance(g, int))
-            if isinstance(gpus, list)
-            else frozenset()
-        )
-        accepted = payload.get("accepted", True) if isinstance(payload, dict) else True
-        max_temp = payload.get("max_temp_c") if isinstance(payload, dict) else None
-        if isinstance(max_temp, int | float) and not isinstance(max_temp, bool):
-            target.max_temp_c = float(max_temp)
-        target.policy = _policy(payload.get("policy") if isinstance(payload, dict) else None)
-        target.lend = _lend(payload.get("lend_blocks") if isinstance(payload, dict) else None)
-        target.asks = {}
-        for kind in ("self_test", "reboot"):
-            ask = _ask(payload.get(kind) if isinstance(payload, dict) else None)
-            if ask is not None:
-                target.asks[kind] = ask
-        return ("ok" if accepted else "ignored"), boost
+        answer = read_answer(raw)
+        if answer.ignored:
+            log.debug("answer of %s: ignored %s", target.url, ", ".join(answer.ignored))
+        if answer.max_temp_c is not None:
+            target.max_temp_c = answer.max_temp_c
+        target.policy, target.lend, target.asks = answer.policy, answer.lend, answer.asks
+        return ("ok" if answer.accepted else "ignored"), answer
 
     def _failed(self, target: _Target, now: float, error: str) -> PushResult:
         target.failures += 1
@@ -260,42 +434,48 @@ class Pusher:
         extra = {"host": t.host} if t.host is not None else {}
         try:
             async with asyncio.timeout(ASSIGNMENTS_TIMEOUT_S):
-                resp = await self._client.get(
-                    url, headers={**headers, **extra}, extensions=_tls_name(t)
-                )
-        except (httpx.HTTPError, TimeoutError) as exc:
+                async with self._client.stream(
+                    "GET", url, headers={**headers, **extra}, extensions=_tls_name(t)
+                ) as resp:
+                    status = resp.status_code
+                    raw = await _read_capped(resp, self._max_answer_bytes)
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
             log.warning("assignments from %s: %s", url, f"{type(exc).__name__}: {exc}")
             return None
-        if resp.status_code != 200:
-            log.warning("assignments from %s: HTTP %d %s", url, resp.status_code,
-                        resp.text[:200])  # fmt: skip
+        if status != 200:
+            log.warning("assignments from %s: HTTP %d %s", url, status, _text(raw, 200))
             return None
         try:
-            rows = resp.json()["assignments"]
-            return [
-                Assigned(
-                    str(r["uid"]),
-                    str(r["namespace"]),
-                    str(r["name"]),
-                    str(r["gpu_uuids"][0]),
-                    int(r["blocks"]),
-                    float(r["assigned_at"]),
-                    r.get("phase"),
-                    tuple(int(b) for b in r.get("containers") or ()),
-                )
-                for r in rows
-                if r.get("gpu_uuids") and r["gpu_uuids"][0]
-            ]
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            log.warning("assignments from %s: not understood: %s", url, exc)
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            log.warning("assignments from %s: not JSON: %s", url, str(exc)[:200])
             return None
+        rows = doc.get("assignments") if isinstance(doc, dict) else None
+        if not isinstance(rows, list):
+            log.warning("assignments from %s: no list of assignments", url)
+            return None
+        out: list[Assigned] = []
+        bad = 0
+        for row in rows:
+            try:
+                found = _assigned(row)
+            except ValueError:
+                bad += 1
+                continue
+            if found is not None:
+                out.append(found)
+        if bad:
+            # A pod left out has no GPU to be given: its allocation fails rather than guess.
+            log.warning("assignments from %s: %d rows not understood, left out", url, bad)
+        return out
 
     async def push(self, body: bytes) -> PushOutcome:
         """Send one report body to every URL that is not backing off, concurrently."""
         headers = self._headers()
         targets = await self._replicas() if self._resolve_all else self._targets
         done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
-        boost: frozenset[int] = frozenset().union(*(b for _, b in done)) if done else frozenset()
+        answers = [a for _, a in done if a is not None]
+        boost: frozenset[int] = frozenset().union(*(a.performance_gpus for a in answers))
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
         asks: dict[str, Ask] = {}
         policy = None
@@ -314,45 +494,72 @@ class Pusher:
             asks,
             policy,
             {u: n for u, n in lend.items() if n > 0},
+            tuple(f for a in answers for f in a.ignored),
         )
 
 
-_POLICY_RANGES = {
-    "memory_block_mib": (1.0, 1_048_576.0),
-    "max_temp_c": (1.0, 150.0),
-    "cool_down_s": (0.0, 86_400.0),
-    "power_saving_threshold_pct": (0.0, 100.0),
-}
+async def _read_capped(response: httpx.Response, cap: int) -> bytes:
+    """A streamed response's body, read no further than ``cap`` bytes.
+
+    Raises ``AnswerTooLarge`` past it, or for a compressed body (the agent asks for none, and a
+    small compressed answer can inflate past any limit).
+    """
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise AnswerTooLarge(f"answer compressed ({encoding[:32]}) though none was asked for")
+    length = response.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > cap):
+        raise AnswerTooLarge(f"answer of {length[:20]} bytes, over the limit of {cap}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise AnswerTooLarge(f"answer over the limit of {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-MAX_LENT_BLOCKS = 1024
-"""Blocks one GPU may lend at most, as the agent reads an answer (a bad one costs nothing)."""
+def _text(raw: bytes, limit: int) -> str:
+    return raw[:limit].decode("utf-8", errors="replace")
 
 
-def _lend(doc: object) -> dict[str, int]:
-    """The valid entries of an answer's ``lend_blocks`` (GPU uuid → blocks)."""
-    if not isinstance(doc, dict):
-        return {}
-    return {
-        str(uuid)[:128]: n
-        for uuid, n in doc.items()
-        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_LENT_BLOCKS
-    }
+MAX_BLOCKS_PER_POD = 65_536
+"""The most blocks one assignment row may say a pod or a container asks."""
 
 
-def _policy(doc: object) -> dict[str, float | bool] | None:
-    """The valid fields of an answer's ``policy`` (a newer or broken extender costs nothing)."""
-    if not isinstance(doc, dict):
+def _assigned(row: object) -> Assigned | None:
+    """One row of the node's assignments; None for a pod given no GPU.
+
+    Raises ValueError for a row that is not one as the extender writes them.
+    """
+    if not isinstance(row, dict):
+        raise ValueError("not an object")
+    uuids = row.get("gpu_uuids")
+    if isinstance(uuids, list) and not uuids:
         return None
-    out: dict[str, float | bool] = {}
-    for key, (low, high) in _POLICY_RANGES.items():
-        value = doc.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if low <= value <= high:
-                out[key] = float(value)
-    if isinstance(doc.get("power_saving"), bool):
-        out["power_saving"] = doc["power_saving"]
-    return out or None
+    uid, namespace, name = row.get("uid", ""), row.get("namespace", ""), row.get("name", "")
+    blocks, phase, containers = row.get("blocks", 0), row.get("phase"), row.get("containers") or []
+    assigned_at = _number(row.get("assigned_at"), (0.0, math.inf))
+    if not (
+        isinstance(uuids, list)
+        and isinstance(uuids[0], str)
+        and _UUID.fullmatch(uuids[0])
+        and all(isinstance(s, str) and 0 < len(s) <= 253 for s in (uid, namespace, name))
+        and _is_count(blocks)
+        and assigned_at is not None
+        and (phase is None or (isinstance(phase, str) and len(phase) <= 64))
+        and isinstance(containers, list)
+        and all(_is_count(b) for b in containers)
+    ):
+        raise ValueError("a field is missing, of the wrong type or out of range")
+    return Assigned(uid, namespace, name, uuids[0], blocks, assigned_at, phase, tuple(containers))
+
+
+def _is_count(value: object) -> bool:
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_BLOCKS_PER_POD
+    )
 
 
 class FlappingLinkTransport(httpx.AsyncBaseTransport):

@@ -1,8 +1,9 @@
 """The reboot sentinel: written when the extender asks for a reboot, withdrawn when it stops.
 
 kured (``--reboot-sentinel``) and similar tools reboot a node while the file exists. The agent
-writes it only for an ask made for its current boot, never overwrites or deletes a file another
-tool wrote, and withdraws its own once the asks stop. Imports the standard library and ``push``.
+writes it only for an ask that names its current boot, never overwrites or deletes a file
+another tool wrote, and withdraws its own once the asks stop. Imports the standard library and
+``push``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from node_agent.push import Ask
 
@@ -25,6 +27,8 @@ WITHDRAW_AFTER_ROUNDS = 3
 One answer without it proves nothing: a follower replica never asks, and the leader may be
 out of reach for a round or two (a round it does not answer is not counted)."""
 _FIRST_LINE = "edgegpu remediation "
+Refused = Literal["no-boot", "other-boot"]
+"""Why a reboot ask was not followed: it named no boot, or another boot than this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,35 +83,39 @@ class RebootSentinel:
         self._said: set[str] = set()
         """What was logged already, so that a standing ask is not logged every round."""
 
-    def follow(self, ask: Ask | None, boot: str, every_replica_answered: bool) -> None:
-        """One round's answers.
+    def follow(self, ask: Ask | None, boot: str, every_replica_answered: bool) -> Refused | None:
+        """One round's answers; why the ask was refused, if it was.
 
         ``ask`` is their reboot ask (None: none asked, or no answer), ``boot`` the boot this
-        agent reports (the host's, else its own).
+        agent reports (the host's, else its own). An ask must name that boot: one that names
+        another, or none, is refused (and a sentinel held is withdrawn), since nothing else
+        shows that the decision was made for the node as it is now.
         """
         if not self._started:
             self._started = True
             self._adopt(boot)
-        if ask is not None and ask.boot is not None and ask.boot != boot:
+        if ask is not None and ask.boot != boot:
+            refused: Refused = "no-boot" if ask.boot is None else "other-boot"
             self._once(
-                f"refused:{ask.id}",
+                f"refused:{ask.id}:{ask.boot}",
                 "reboot %s was decided for boot %s, this is boot %s: not asked of kured",
-                ask.id, ask.boot, boot,
+                ask.id, ask.boot or "(none named)", boot,
             )  # fmt: skip
             if self.held is not None:
-                self._withdraw(f"the reboot ask names boot {ask.boot}, not this one")
-            return
+                self._withdraw(f"the reboot ask names boot {ask.boot or '(none)'}, not this one")
+            return refused
         if ask is not None:
             self._absent = 0
             if ask.id != self._done:
                 self._write(ask.id, boot)
-            return
+            return None
         if self.held is None:
-            return
+            return None
         if every_replica_answered:
             self._absent += 1
         if self._absent >= self.withdraw_after_rounds:
             self._withdraw(f"no extender asked for it in {self._absent} rounds")
+        return None
 
     # -- the file ---------------------------------------------------------------------------
     def _adopt(self, boot: str) -> None:
@@ -186,6 +194,8 @@ class RebootSentinel:
         log.warning("reboot %s withdrawn (%s): removed %s", held.request, why, self.path)
 
     def _once(self, key: str, message: str, *args: object) -> None:
+        if len(self._said) >= 256:  # asks with ever new ids: said again rather than kept
+            self._said.clear()
         if key not in self._said:
             self._said.add(key)
             log.warning(message, *args)

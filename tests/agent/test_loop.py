@@ -280,7 +280,10 @@ async def test_a_forged_push_that_outranks_the_agent_pins_the_node_for_one_round
         forged = orjson.loads(first.report.to_json_bytes())
         forged["agent"]["seq"] = 2**62
         forged["gpus"] = []
-        resp = await client.post("/v1/telemetry", content=orjson.dumps(forged))
+        resp = await client.post(
+            "/v1/telemetry", content=orjson.dumps(forged),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
         assert resp.json()["accepted"] is True
         ignored = await agent.round()
         assert set(ignored.push.results.values()) == {"ignored"}
@@ -391,7 +394,7 @@ async def test_a_requested_self_test_runs_once_and_its_verdict_rides_the_next_re
         assert third.report.self_test == second.report.self_test
         assert not sentinel.exists()
         answers.clear()
-        answers["reboot"] = {"id": "r1"}
+        answers["reboot"] = {"id": "r1", "boot": agent.boot}
         await agent.round()
         assert sentinel.read_text().startswith("edgegpu remediation r1\n")
 
@@ -410,23 +413,43 @@ def test_the_simulated_self_test_fails_a_lost_gpu():
 
 async def test_the_policy_in_the_answer_drives_local_protection_and_bad_values_are_ignored():
     clock = Clock()
-    policy: dict = {"max_temp_c": 70.0, "cool_down_s": 60.0, "power_saving": False,
+    policy: dict = {"max_temp_c": 70.0, "cool_down_s": 600.0, "power_saving": True,
                     "power_saving_threshold_pct": 40.0}  # fmt: skip
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"accepted": True, "max_temp_c": 70.0, "policy": policy})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock))
+        agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock),
+                           power_args=PowerArgs(saving_enabled=False))  # fmt: skip
         await agent.round()
         p = agent.power_args
         assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == (
-            70.0, 60.0, False, 40.0)  # fmt: skip
+            70.0, 600.0, True, 40.0)  # fmt: skip
         assert agent.health_args.max_temp_c == 70.0
         policy.update(max_temp_c="hot", cool_down_s=-1, power_saving="yes")
         await agent.round()
-        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (70.0, 60.0)
-        assert agent.power_args.saving_enabled is False
+        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (70.0, 600.0)
+        assert agent.power_args.saving_enabled is True
+
+
+async def test_a_looser_policy_is_followed_only_with_accept_looser_policy():
+    clock = Clock()
+    policy = {"max_temp_c": 95.0, "cool_down_s": 60.0, "power_saving": False,
+              "power_saving_threshold_pct": 90.0}  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"accepted": True, "policy": policy})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        for accept, expected in [(False, (85.0, 300.0, True, 70.0)),
+                                 (True, (95.0, 60.0, False, 90.0))]:  # fmt: skip
+            agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock),
+                               power_args=PowerArgs(), accept_looser_policy=accept)  # fmt: skip
+            await agent.round()
+            p = agent.power_args
+            assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == expected
+            assert agent.health_args.max_temp_c == expected[0]
 
 
 async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_push():
@@ -440,11 +463,11 @@ async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_
         await agent.round()
         assert agent.power_args.max_temp_c == 85.0
         app.state.ctx.state.set_policy(
-            parse_policy({"spec": {"thermalThrottling": {"maxTemp": 78, "coolDownPeriod": "2m"}}})
+            parse_policy({"spec": {"thermalThrottling": {"maxTemp": 78, "coolDownPeriod": "10m"}}})
         )
         clock.t += 1.0
         await agent.round()
-        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (78.0, 120.0)
+        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (78.0, 600.0)
         assert agent.hot_threshold_c == 78.0
 
 

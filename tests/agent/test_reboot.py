@@ -35,9 +35,11 @@ def test_an_ask_for_this_boot_writes_a_sentinel_that_says_it_is_ours(sentinel: P
     assert reboot.held == written
 
 
-def test_an_ask_without_a_boot_from_an_older_extender_is_still_followed(sentinel: Path) -> None:
-    RebootSentinel(sentinel).follow(Ask("r1"), BOOT, every_replica_answered=True)
-    assert sentinel.read_text() == content("r1", BOOT)
+def test_an_ask_that_names_no_boot_is_refused_and_withdraws_ours(sentinel: Path) -> None:
+    reboot = RebootSentinel(sentinel)
+    assert reboot.follow(Ask("r0", BOOT), BOOT, every_replica_answered=True) is None
+    assert reboot.follow(Ask("r1"), BOOT, every_replica_answered=True) == "no-boot"
+    assert not sentinel.exists()
 
 
 def test_an_ask_for_another_boot_is_refused_and_said_once(
@@ -46,7 +48,8 @@ def test_an_ask_for_another_boot_is_refused_and_said_once(
     reboot = RebootSentinel(sentinel)
     with caplog.at_level(logging.WARNING, logger="node_agent"):
         for _ in range(5):
-            reboot.follow(Ask("r1", "boot-0"), BOOT, every_replica_answered=True)
+            refused = reboot.follow(Ask("r1", "boot-0"), BOOT, every_replica_answered=True)
+            assert refused == "other-boot"
     assert not sentinel.exists()
     assert [r.getMessage() for r in caplog.records] == [
         "reboot r1 was decided for boot boot-0, this is boot boot-1: not asked of kured"
@@ -148,7 +151,7 @@ def test_the_agent_has_a_sentinel_of_its_own_by_default() -> None:
     assert settings.reboot_sentinel != Path("/var/run/reboot-required")
 
 
-async def test_a_reboot_ask_is_read_in_its_old_and_its_new_form() -> None:
+async def test_a_reboot_ask_is_read_in_its_old_and_new_forms_and_an_invalid_one_is_named() -> None:
     answers: dict[str, object] = {}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -161,13 +164,19 @@ async def test_a_reboot_ask_is_read_in_its_old_and_its_new_form() -> None:
             ("r1", Ask("r1")),
             ({"id": "r2"}, Ask("r2")),
             ({"id": "r3", "boot": "b"}, Ask("r3", "b")),
-            ({"id": "r4", "boot": 7}, Ask("r4")),
+            ({"id": "r4", "boot": 7}, None),
             ({"boot": "b"}, None),
             ({"id": ""}, None),
+            ({"id": "r 6"}, None),
+            ({"id": "r7\nboot b"}, None),
+            ({"id": "r" * 65}, None),
+            ({"id": "r8", "boot": "b" * 129}, None),
             (["r5"], None),
         ]:
             answers["reboot"] = doc
-            assert (await pusher.push(b"{}")).asks.get("reboot") == ask, doc
+            out = await pusher.push(b"{}")
+            assert out.asks.get("reboot") == ask, doc
+            assert out.ignored == (() if ask else ("reboot",)), doc
 
 
 async def test_the_agent_withdraws_its_sentinel_when_the_leader_stops_asking(
