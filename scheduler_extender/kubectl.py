@@ -10,6 +10,10 @@ an extender directly instead.
     kubectl edgegpu pods [-n NS | -A]      which pod holds which GPU and how many blocks
     kubectl edgegpu explain POD [-n NS]    every node's verdict for a pod, and why
     ... -o json                            the same as JSON
+
+Everything printed comes from the cluster, and so from whoever can name a node, label a pod or
+report a GPU: control characters (``logs.escape``) are written escaped, never sent raw to the
+terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import httpx
 import orjson
 
+from scheduler_extender.logs import CONTROL, escape
 from scheduler_extender.names import (
     GPU_INDEX_ANNOTATION,
     GPU_UUID_ANNOTATION,
@@ -98,7 +103,7 @@ class Cluster:
 
 
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    cells = [headers, *[["-" if v is None else str(v) for v in r] for r in rows]]
+    cells = [headers, *[[escape("-" if v is None else str(v)) for v in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in cells)  # fmt: skip
@@ -176,7 +181,7 @@ def explain(c: Cluster, name: str, namespace: str) -> tuple[dict[str, Any], str]
     rows.sort(key=lambda r: (r[1] != "passed", -int(r[3]), r[0]))
     p = doc["pod"]
     asks = f"{p['mem_blocks']} block(s)" if p["mem_blocks"] else f"{p['whole_gpus']} whole GPU(s)"
-    head = f"pod {namespace}/{name}: {p['qos']}, asks {asks}\n"
+    head = escape(f"pod {namespace}/{name}: {p['qos']}, asks {asks}") + "\n"
     return doc, head + _table(rows, ["NODE", "VERDICT", "REASON", "SCORE", "GPUS"])
 
 
@@ -222,10 +227,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             data, text = explain(cluster, ns.pod, ns.namespace)
     except PluginError as exc:
-        print(f"kubectl edgegpu: {exc}", file=sys.stderr)
+        print(f"kubectl edgegpu: {escape(str(exc))}", file=sys.stderr)
         return 1
-    print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() if ns.output == "json" else text)
+    print(_json(data) if ns.output == "json" else text)
     return 0
+
+
+def _json(data: Any) -> str:
+    r"""``data`` as JSON whose control characters are all ``\u`` escapes: the same values.
+
+    orjson escapes C0 in strings already (a raw newline is its indentation's); DEL, C1 and the
+    bidirectional controls it writes raw, and only in strings, where a ``\u`` escape stands
+    for the same character.
+    """
+    text = orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+    return CONTROL.sub(lambda m: m[0] if m[0] == "\n" else f"\\u{ord(m[0]):04x}", text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Prometheus metrics of the extender, built against an injected registry.
 
-Imports prometheus-client, numpy and ``state`` (the telemetry-age collector reads the store).
+Imports prometheus-client, numpy and ``state`` (the telemetry-age collector reads the store, and
+has the state forget silent unlisted nodes first: a node gone for a while has no series).
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ class _ReportCounts(Collector):
             value=self._state.foreign_processes,
         )
         yield CounterMetricFamily(
+            "edgegpu_extender_unlisted_nodes_refused",
+            "Telemetry pushes refused for naming a new node that no Node object lists while the "
+            "most such nodes are kept already, from a credential not bound to one node.",
+            value=self._state.refused_nodes,
+        )
+        yield CounterMetricFamily(
+            "edgegpu_extender_silent_nodes_forgotten",
+            "Nodes that no Node object lists, forgotten (row and metric series) after a silence "
+            "of several times their staleAfter.",
+            value=self._state.forgotten_nodes,
+        )
+        yield CounterMetricFamily(
             "edgegpu_extender_assignments_corrected",
             "Assignments corrected because an agent's report showed the pod holding another GPU "
             "of its node than bind chose (kubelet's PodResources, through the device plugin).",
@@ -63,7 +76,13 @@ class _TelemetryAge(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self._state
+        state.forget_silent_nodes()  # a node gone for a while has no series
         now = state.clock.monotonic()
+        yield GaugeMetricFamily(
+            "edgegpu_extender_unlisted_nodes",
+            "Nodes with telemetry that no Node object lists (every node in the embedded mode).",
+            value=state.unlisted_nodes,
+        )
         age = GaugeMetricFamily(
             "edgegpu_extender_telemetry_age_seconds",
             "Seconds since the node's last accepted telemetry report.",
@@ -113,7 +132,7 @@ class ExtenderMetrics:
         self.telemetry = Counter(
             "edgegpu_extender_telemetry_reports_total",
             "Telemetry pushes by result (accepted, ignored, invalid, too_large, unauthorized "
-            "(401), forbidden (403)).",
+            "(401), forbidden (403), refused: a new node over the most that no Node lists).",
             ["result"],
             registry=registry,
         )

@@ -16,7 +16,7 @@ shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
 and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
-library, numpy, ``domain`` and ``gpu_fields`` only.
+library, numpy, ``domain``, ``gpu_fields`` and ``logs`` only.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import math
 import operator
 import re
 from datetime import datetime
+from itertools import chain
 from typing import Annotated, Literal, cast
 
 import msgspec
@@ -42,8 +43,16 @@ from scheduler_extender.domain import (
     duplicate_holder,
 )
 from scheduler_extender.gpu_fields import GPU_FIELDS
+from scheduler_extender.logs import CONTROL_CHARACTERS
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
+
+
+def _text(max_length: int, min_length: int = 0) -> msgspec.Meta:
+    """A name or id of the contract: text with no control character (``decode_push``)."""
+    return msgspec.Meta(min_length=min_length, max_length=max_length)
+
+
 _NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 """A count or id: 0 to the int64 maximum (larger cannot be framed or stored as one)."""
 
@@ -59,9 +68,9 @@ _MHz = Annotated[float, msgspec.Meta(ge=0, le=100_000)]
 class AgentInfo(msgspec.Struct, frozen=True, gc=False):
     """Who sent the report."""
 
-    version: Annotated[str, msgspec.Meta(max_length=64)]
-    backend: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
-    boot_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    version: Annotated[str, _text(64)]
+    backend: Annotated[str, _text(32, min_length=1)]
+    boot_id: Annotated[str, _text(128, min_length=1)]
     seq: _NonNegInt
 
 
@@ -78,8 +87,8 @@ class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     """A process holding GPU memory."""
 
     pid: _NonNegInt
-    pod_uid: Annotated[str, msgspec.Meta(max_length=128)] | None = None
-    container: Annotated[str, msgspec.Meta(max_length=253)] | None = None
+    pod_uid: Annotated[str, _text(128)] | None = None
+    container: Annotated[str, _text(253)] | None = None
     used_mib: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
@@ -87,9 +96,9 @@ class GpuReport(msgspec.Struct, frozen=True, gc=False):
     """One GPU at one moment."""
 
     index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
-    uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    model: Annotated[str, msgspec.Meta(max_length=128)] | None = None
-    vendor: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+    uuid: Annotated[str, _text(128, min_length=1)]
+    model: Annotated[str, _text(128)] | None = None
+    vendor: Annotated[str, _text(32)] | None = None
     temperature_c: _Celsius | None = None
     power_w: _Watts | None = None
     power_limit_w: _Watts | None = None
@@ -112,7 +121,7 @@ class GpuReport(msgspec.Struct, frozen=True, gc=False):
 class SelfTestResult(msgspec.Struct, frozen=True, gc=False):
     """The verdict of the self-test the extender asked for."""
 
-    id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    id: Annotated[str, _text(64, min_length=1)]
     verdict: Literal["pass", "fail"]
     detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
@@ -133,16 +142,16 @@ def _body(pattern: str) -> str:
     return pattern.removeprefix("^").removesuffix("$")
 
 
-_HOLDER = "/".join(map(_body, (NAMESPACE_PATTERN, POD_NAME_PATTERN, PRINTABLE_PATTERN)))
+_HOLDER = "\x1f".join(map(_body, (NAMESPACE_PATTERN, POD_NAME_PATTERN, PRINTABLE_PATTERN)))
 _HOLDERS = re.compile(f"{_HOLDER}(?:\n{_HOLDER})*")
-"""Every holder's ``namespace/name/gpu_uuid``, one a line, in one match: the contract's three
-patterns (neither name may hold a ``/``, nor any of the three a newline), at a fraction of the
-cost of one pattern per field."""
+"""Every holder's namespace, name and gpu uuid, apart by U+001F, one holder a line, in one
+match: the contract's three patterns (none of which takes U+001F or a newline, so a field
+cannot reach into the next), at a fraction of the cost of one pattern per field."""
 
 
 def _holders_problem(holders: tuple[PodHolder, ...]) -> str | None:
     """Why a report's holders are refused (their names, each pod and GPU once); None when not."""
-    keys = [f"{h.namespace}/{h.name}/{h.gpu_uuid}" for h in holders]
+    keys = [f"{h.namespace}\x1f{h.name}\x1f{h.gpu_uuid}" for h in holders]
     if _HOLDERS.fullmatch("\n".join(keys)) is None:
         return "a holder's namespace, pod name or gpu uuid is not a valid one"
     if len(set(keys)) != len(keys):
@@ -150,26 +159,48 @@ def _holders_problem(holders: tuple[PodHolder, ...]) -> str | None:
     return None
 
 
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+_gpu_texts = operator.attrgetter("uuid", "model", "vendor")
+_process_texts = operator.attrgetter("pod_uid", "container")
+
+
+def _has_control_character(report: TelemetryReport) -> bool:
+    """Whether a name or id of the report (every field declared ``_text``) holds one.
+
+    All of them joined are searched once; ASCII text (the usual) by deleting its printable
+    characters, which leaves nothing.
+    """
+    agent, test, labels = report.agent, report.self_test, report.labels
+    texts = [report.node, agent.version, agent.backend, agent.boot_id, report.host_boot_id,
+             test.id if test else None, *labels, *labels.values()]  # fmt: skip
+    texts += chain.from_iterable(map(_gpu_texts, report.gpus))
+    for g in report.gpus:
+        if g.processes:
+            texts += chain.from_iterable(map(_process_texts, g.processes))
+    text = "".join(filter(None, texts))
+    if text.isascii():
+        return bool(text.encode("ascii").translate(None, _PRINTABLE_ASCII))
+    return _CONTROL.search(text) is not None
+
+
 class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     """One push from one node agent: every GPU of the node."""
 
     schema_: Literal["edgegpu.io/telemetry/v1"] = msgspec.field(name="schema")
-    node: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    node: Annotated[str, _text(253, min_length=1)]
     agent: AgentInfo
     sampled_at: datetime
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
     gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
     labels: Annotated[
-        dict[
-            Annotated[str, msgspec.Meta(max_length=317)],
-            Annotated[str, msgspec.Meta(max_length=63)],
-        ],
+        dict[Annotated[str, _text(317)], Annotated[str, _text(63)]],
         msgspec.Meta(max_length=64),
     ] = {}
     node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
     hot_threshold_c: _Celsius | None = None
     self_test: SelfTestResult | None = None
-    host_boot_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    host_boot_id: Annotated[str, _text(64)] | None = None
     holders: (
         Annotated[tuple[PodHolder, ...], msgspec.Meta(max_length=MAX_HOLDERS_PER_NODE)] | None
     ) = None
@@ -187,7 +218,21 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
 
 
 REPORT_DECODER = msgspec.json.Decoder(TelemetryReport)
-"""Decodes and validates a push body (``msgspec.ValidationError`` / ``DecodeError``)."""
+"""Decodes a push body and checks every limit but the text rule (``decode_push`` adds it)."""
+
+
+def decode_push(body: bytes) -> TelemetryReport:
+    """The report in a push body (``msgspec.ValidationError`` / ``DecodeError`` when invalid).
+
+    A JSON string cannot hold a raw C0 character: a body of ASCII with no escape and no DEL
+    holds no control character anywhere, and only another body has its names searched.
+    """
+    report = REPORT_DECODER.decode(body)
+    if body.isascii() and b"\\" not in body and b"\x7f" not in body:
+        return report
+    if _has_control_character(report):
+        raise msgspec.ValidationError("a name or id holds a control character")
+    return report
 
 
 _PLAIN = tuple(f.name for f in GPU_FIELDS if f.kept and f.derive is None)

@@ -43,14 +43,43 @@ log = logging.getLogger("scheduler_extender.state")
 DEMAND_CACHE_SIZE = 16_384
 RESERVE_TTL_S = 5.0
 """How long GPUs held for a pod between prioritize and its bind stay held without the bind."""
+MAX_UNLISTED_NODES = 16_384
+"""Nodes kept that no Node object lists, by default: a push no credential binds to one node (a
+static token for any node, a loopback push with no agent authentication) names a new one only
+while fewer are kept. Above the largest fleet the extender is sized for (10,000 nodes), which
+the embedded mode, with no Node objects at all, must hold."""
+FORGET_AFTER_STALE = 10.0
+FORGET_AFTER_MIN_S = 3600.0
+"""A node that no Node object lists is forgotten once its telemetry is ``FORGET_AFTER_STALE``
+times older than its ``staleAfter``, and an hour old at least (an edge link may drop for that
+long): its row, its metric series and its place under ``MAX_UNLISTED_NODES``. Should it report
+again, its agent's ``hot_s_ago`` restores a cool-down. A listed node is forgotten when its Node
+is deleted."""
+SWEEP_EVERY_S = 10.0
+"""How often silent unlisted nodes are looked for (at a push or a metrics scrape)."""
 
 
 class ClusterState:
     """The extender's whole memory. Not thread-safe: every call comes from one event loop."""
 
-    def __init__(self, clock: Clock, policy: Policy = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        max_unlisted_nodes: int = MAX_UNLISTED_NODES,
+    ) -> None:
         self.clock = clock
         self.policy = policy
+        self.max_unlisted_nodes = max_unlisted_nodes
+        """At most this many nodes are kept that no Node object lists (``MAX_UNLISTED_NODES``)."""
+        self._unlisted: set[str] = set()
+        """Nodes with telemetry that no Node object lists (every node, in the embedded mode)."""
+        self._next_sweep = 0.0
+        self.forgotten_nodes = 0
+        """Unlisted nodes forgotten after their silence (``FORGET_AFTER_STALE``)."""
+        self.refused_nodes = 0
+        """Pushes refused for naming a new unlisted node over ``max_unlisted_nodes``."""
         self.store = TelemetryStore()
         self.table = NodeTable()
         self.allocations = Allocations()
@@ -95,23 +124,40 @@ class ClusterState:
             self._mix = MixLearner(policy.spec.fragmentation)
         self._write_nodes(self.store.nodes())
 
-    def ingest(self, report: TelemetryReport | Received) -> PutResult:
-        """Take one agent report."""
-        return self.ingest_many((report,))[0]
+    def ingest(
+        self, report: TelemetryReport | Received, *, bound_to_node: bool = False
+    ) -> PutResult:
+        """Take one agent report (``ingest_many``)."""
+        return self.ingest_many((report,), bound_to_node=bound_to_node)[0]
 
-    def ingest_many(self, reports: Sequence[TelemetryReport | Received]) -> list[PutResult]:
-        """Take agent reports in arrival order; the rows they change are written together."""
+    def ingest_many(
+        self, reports: Sequence[TelemetryReport | Received], *, bound_to_node: bool = False
+    ) -> list[PutResult]:
+        """Take agent reports in arrival order; the rows they change are written together.
+
+        ``bound_to_node``: their sender's credential may report for the node it names only (a
+        token bound to that node, an agent pod on it). Else a report naming a node that is
+        neither kept nor listed by a Node object, while ``max_unlisted_nodes`` are kept, is
+        refused (``PutResult.refused``): nothing of it is kept.
+        """
         now, wall = self.clock.monotonic(), self.clock.wall()
         thermal, ttl = self.policy.spec.thermal_throttling, self.policy.spec.memory.assume_ttl_s
         results = []
         taken: dict[str, None] = {}  # nodes in order, once each (a later push of one wins)
         for report in reports:
             push = Received.of(report) if isinstance(report, TelemetryReport) else report
+            node = push.digest.node
+            listed = node in self._node_labels
+            if not (listed or bound_to_node or node in self._unlisted) and self._full():
+                self.refused_nodes += 1
+                results.append(self._refusal(node))
+                continue
             result = self.store.put(push, now, wall, thermal)
             results.append(result)
             if not result.accepted:
                 continue
-            node = push.digest.node
+            if not listed:
+                self._unlisted.add(node)
             taken[node] = None
             holders = push.report.holders
             if holders and self.allocations.holds_gpus(node):
@@ -123,7 +169,15 @@ class ClusterState:
                     self.foreign_processes += 1  # a pod of another node or GPU: ignored
         if taken:
             self._write_nodes(list(taken))
+        self.forget_silent_nodes()  # after: a node that just reported is not silent
         return results
+
+    def _full(self) -> bool:
+        """Whether ``max_unlisted_nodes`` are kept, once the silent ones are forgotten."""
+        if len(self._unlisted) < self.max_unlisted_nodes:
+            return False
+        self.forget_silent_nodes()
+        return len(self._unlisted) >= self.max_unlisted_nodes
 
     def assigned_to(self, pod_uid: str, node: str, index: int) -> Assignment | None:
         """The pod's assignment when it is on GPU ``index`` of ``node``, as a report says.
@@ -187,15 +241,56 @@ class ClusterState:
             self._holders_seen[node] = (self.allocations.stamp(node), seen[1], seen[2])
         # The node's row is written after this, from the corrected assignments.
 
+    def _refusal(self, node: str) -> PutResult:
+        return PutResult(
+            False,
+            f"node {node!r} is refused: {self.max_unlisted_nodes} nodes that no Node object "
+            "lists are kept already, and a credential not bound to one node names no more (a "
+            f"silent one is forgotten after {FORGET_AFTER_STALE:g} x its staleAfter, "
+            f"{FORGET_AFTER_MIN_S:g} s at least)",
+            refused=True,
+        )
+
+    def forget_silent_nodes(self) -> list[str]:
+        """Forget the unlisted nodes silent for long (``FORGET_AFTER_STALE``).
+
+        Looks every ``SWEEP_EVERY_S`` at most (an earlier call does nothing); the nodes
+        forgotten. A node that a Node object lists is kept, however silent.
+        """
+        now = self.clock.monotonic()
+        if now < self._next_sweep or not self._unlisted:
+            return []
+        self._next_sweep = now + SWEEP_EVERY_S
+        stale = self.policy.spec.stale_telemetry
+        gone = []
+        for node in self._unlisted:
+            record = self.store.get(node)
+            if record is None or now - record.received_at > max(
+                FORGET_AFTER_STALE * stale.stale_after_s(record.digest.interval_s),
+                FORGET_AFTER_MIN_S,
+            ):
+                gone.append(node)
+        for node in gone:
+            self.forget_node(node)
+        self.forgotten_nodes += len(gone)
+        return gone
+
+    @property
+    def unlisted_nodes(self) -> int:
+        """How many nodes with telemetry no Node object lists."""
+        return len(self._unlisted)
+
     def set_node_labels(self, node: str, labels: Mapping[str, str]) -> None:
         """Labels of a Node object (from a watch); they win over the agent's labels."""
         self._node_labels[node] = dict(labels)
+        self._unlisted.discard(node)
         rack, rdma = self._rack_and_rdma(self._labels_of(node))
         self.table.set_labels(node, rack, rdma)
 
     def forget_node(self, node: str) -> None:
-        """Drop everything about a node that left the cluster."""
+        """Drop everything about a node that left the cluster (or went silent, unlisted)."""
         self.store.forget(node)
+        self._unlisted.discard(node)
         self._node_labels.pop(node, None)
         self._holders_seen.pop(node, None)
         self.host.forget_node(node)

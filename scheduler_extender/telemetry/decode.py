@@ -13,13 +13,13 @@ import msgspec
 from pydantic import ValidationError
 
 from scheduler_extender.report import (
-    REPORT_DECODER,
     AgentInfo,
     GpuProcess,
     GpuReport,
     NodeHealth,
     PodHolder,
     TelemetryReport,
+    decode_push,
 )
 from scheduler_extender.telemetry import schema
 
@@ -48,7 +48,7 @@ class ReportError(Exception):
 def decode_report(body: bytes, max_problems: int = 20) -> TelemetryReport:
     """The report in a push body; ReportError with every located problem when it is invalid."""
     try:
-        return REPORT_DECODER.decode(body)
+        return decode_push(body)
     except msgspec.ValidationError as exc:
         first = str(exc)
     except msgspec.DecodeError as exc:

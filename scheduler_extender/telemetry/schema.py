@@ -1,8 +1,9 @@
 """The telemetry push contract ``edgegpu.io/telemetry/v1`` (DESIGN.md §3).
 
-Imported by both packages: it imports pydantic, the standard library and ``domain`` only, so
-that the node agent never loads the extender's web stack. Units are in the field names; a field
-the backend cannot read is ``None``, never a made-up number.
+Imported by both packages: it imports pydantic, the standard library, ``domain`` and ``logs``
+only, so that the node agent never loads the extender's web stack. Units are in the field names;
+a field the backend cannot read is ``None``, never a made-up number. Every name and id a report
+carries is text: a control character in one (``logs.CONTROL_CHARACTERS``) refuses the report.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from scheduler_extender.domain import (
     PRINTABLE_PATTERN,
     duplicate_holder,
 )
+from scheduler_extender.logs import CONTROL_CHARACTERS
 
 SCHEMA = "edgegpu.io/telemetry/v1"
 
 
 HealthValue = Literal["healthy", "degraded", "unhealthy"]
 ReasonCode = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
-Name = Annotated[str, Field(min_length=1, max_length=253)]
+TEXT_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
+"""Text with no control character (pydantic's engine: ``$`` is the end of the text only)."""
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=TEXT_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -39,9 +43,9 @@ class _Model(BaseModel):
 class AgentInfo(_Model):
     """Who sent the report; ``seq`` grows by one per report within one ``boot_id``."""
 
-    version: Annotated[str, Field(max_length=64)]
-    backend: Annotated[str, Field(min_length=1, max_length=32)]
-    boot_id: Annotated[str, Field(min_length=1, max_length=128)]
+    version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)]
+    backend: Annotated[str, Field(min_length=1, max_length=32, pattern=TEXT_PATTERN)]
+    boot_id: Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT_PATTERN)]
     seq: Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
@@ -58,8 +62,8 @@ class GpuProcess(_Model):
     """A process holding GPU memory; ``pod_uid`` when the agent could map it to a pod."""
 
     pid: Annotated[int, Field(ge=0, le=2**63 - 1)]
-    pod_uid: Annotated[str, Field(max_length=128)] | None = None
-    container: Annotated[str, Field(max_length=253)] | None = None
+    pod_uid: Annotated[str, Field(max_length=128, pattern=TEXT_PATTERN)] | None = None
+    container: Annotated[str, Field(max_length=253, pattern=TEXT_PATTERN)] | None = None
     used_mib: Annotated[float, Field(ge=0)] | None = None
 
 
@@ -67,9 +71,10 @@ class GpuReport(_Model):
     """One GPU at one moment."""
 
     index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]
-    uuid: Annotated[str, Field(min_length=1, max_length=128)]
-    model: Annotated[str, Field(max_length=128)] | None = None
-    vendor: Annotated[str, Field(max_length=32)] | None = None
+    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=TEXT_PATTERN)]
+    model: Annotated[str, Field(max_length=128, pattern=TEXT_PATTERN)] | None = None
+    """As the driver names it (``Tesla T4``); any unicode but control characters."""
+    vendor: Annotated[str, Field(max_length=32, pattern=TEXT_PATTERN)] | None = None
     """``nvidia``, ``amd`` or ``intel``."""
     temperature_c: Annotated[float, Field(ge=-60, le=200)] | None = None
     power_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
@@ -97,9 +102,10 @@ class GpuReport(_Model):
 class SelfTestResult(_Model):
     """The verdict of the self-test the extender asked for (``self_test.id`` of its answer)."""
 
-    id: Annotated[str, Field(min_length=1, max_length=64)]
+    id: Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
     verdict: Literal["pass", "fail"]
     detail: Annotated[str, Field(max_length=1024)] = ""
+    """Free text (a tool's output may span lines): written escaped wherever it is shown."""
 
 
 class PodHolder(_Model):
@@ -120,9 +126,10 @@ class TelemetryReport(_Model):
     agent: AgentInfo
     sampled_at: datetime
     interval_s: Annotated[float, Field(gt=0, le=3600)]
-    labels: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = (
-        Field(default_factory=dict, max_length=64)
-    )
+    labels: dict[
+        Annotated[str, Field(max_length=317, pattern=TEXT_PATTERN)],
+        Annotated[str, Field(max_length=63, pattern=TEXT_PATTERN)],
+    ] = Field(default_factory=dict, max_length=64)
     node_health: NodeHealth = Field(default_factory=NodeHealth)
     gpus: Annotated[list[GpuReport], Field(max_length=MAX_GPUS_PER_NODE)]
     hot_threshold_c: Annotated[float, Field(ge=-60, le=200)] | None = None
@@ -131,7 +138,7 @@ class TelemetryReport(_Model):
     self_test: SelfTestResult | None = None
     """The last self-test the extender asked for, once it has run (repeated in every report
     until the next request)."""
-    host_boot_id: Annotated[str, Field(max_length=64)] | None = None
+    host_boot_id: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
     """The host's boot id (``/proc/sys/kernel/random/boot_id``): a new one means the node
     rebooted, where a new ``agent.boot_id`` means only that the agent restarted."""
     holders: Annotated[list[PodHolder], Field(max_length=MAX_HOLDERS_PER_NODE)] | None = None

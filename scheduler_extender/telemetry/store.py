@@ -49,6 +49,9 @@ class PutResult:
 
     accepted: bool
     reason: str = ""
+    refused: bool = False
+    """Not merely ignored (an old ``seq``): refused, for the sender to be answered an error
+    (a new node over ``ClusterState.max_unlisted_nodes``)."""
 
 
 class TelemetryStore:

@@ -1,6 +1,7 @@
 """A client's text with a newline or terminal escapes cannot forge a log line."""
 
 import logging
+import sys
 
 from scheduler_extender.logs import FORMAT, OneLineFormatter
 
@@ -15,13 +16,21 @@ def test_control_characters_in_a_message_and_its_arguments_are_escaped():
     assert "p\\n2026-12-05" in line and "\\x1b[2J" in line and line.endswith("ok\\r")
 
 
-def test_a_traceback_keeps_its_lines():
+def test_a_traceback_is_written_on_the_records_one_line_with_its_newlines_escaped():
     formatter = OneLineFormatter(FORMAT)
     try:
-        raise ValueError("bad\nvalue")
+        raise ValueError("bad\n2026-12-05 00:00:00 INFO scheduler_extender: forged \x1b[2J")
     except ValueError:
-        import sys
-
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     text = formatter.format(record)
-    assert text.splitlines()[0].endswith("failed") and "Traceback" in text
+    assert "\n" not in text and "\x1b" not in text
+    assert "failed\\nTraceback (most recent call last):\\n" in text
+    assert text.endswith(
+        "ValueError: bad\\n2026-12-05 00:00:00 INFO scheduler_extender: forged \\x1b[2J"
+    )
+
+
+def test_other_unicode_is_written_as_it_is():
+    formatter = OneLineFormatter(FORMAT)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "gpu %s", ("Radeon™ 昇腾",), None)
+    assert formatter.format(record).endswith("gpu Radeon™ 昇腾")

@@ -67,6 +67,17 @@ def _variants():
     yield "valid, unknown fields ignored", {**base, "future": {"x": 1}}, True
     yield "valid, nulls", {**base, "gpus": [gpu(0, temperature_c=None, power_w=None)]}, True
     yield (
+        "valid, a model and a label in unicode",
+        {**base, "gpus": [gpu(0, model="Radeon™ RX 7900 XTX"), gpu(1, model="昇腾 910B")],
+         "labels": {"edgegpu.io/site": "münchen-süd"}},
+        True,
+    )  # fmt: skip
+    yield (
+        "valid, a self-test's detail over several lines",
+        {**base, "self_test": {"id": "t1", "verdict": "fail", "detail": "dmesg:\nxid 79"}},
+        True,
+    )
+    yield (
         "valid, no labels or health",
         {k: v for k, v in base.items() if k not in ("labels", "node_health")},
         True,
@@ -102,6 +113,25 @@ def _variants():
         ("unknown health", ("gpus", 0, "health"), "sick"),
         ("bad reason code", ("gpus", 0, "health_reasons"), ["Has Spaces"]),
         ("empty uuid", ("gpus", 0, "uuid"), ""),
+        ("model with a terminal escape", ("gpus", 0, "model"), "Tesla T4\x1b]0;owned\x07"),
+        ("model with a C1 CSI", ("gpus", 1, "model"), "T4\x9b2J"),
+        ("model with a bidi override", ("gpus", 0, "model"), "T4\u202e"),
+        ("vendor with a newline", ("gpus", 0, "vendor"), "nvidia\n"),
+        ("uuid with DEL", ("gpus", 0, "uuid"), "GPU-\x7f"),
+        (
+            "process container with a carriage return",
+            ("gpus", 0, "processes", 0, "container"),
+            "app\r",
+        ),
+        ("node with a newline", ("node",), "n1\nn2"),
+        ("boot id with a control character", ("agent", "boot_id"), "b\x00"),
+        ("agent version with an escape", ("agent", "version"), "0.1\x1b[31m"),
+        ("backend with a C1 character", ("agent", "backend"), "nvml\x85"),
+        ("host boot id with a tab", ("host_boot_id",), "h\t1"),
+        ("self-test id with a bidi isolate", ("self_test",), {"id": "t\u2066", "verdict": "pass"}),
+        ("process pod uid with a newline", ("gpus", 0, "processes", 0, "pod_uid"), "u\n"),
+        ("label key with a control character", ("labels",), {"edgegpu.io/\x1brack": "a"}),
+        ("label value with a line separator", ("labels",), {"edgegpu.io/rack": "a\u2028b"}),
         ("negative pid", ("gpus", 0, "processes", 0, "pid"), -3),
         ("label value too long", ("labels",), {"k": "v" * 64}),
         ("gpus not a list", ("gpus",), {"0": {}}),

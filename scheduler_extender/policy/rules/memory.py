@@ -19,6 +19,14 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+MIN_BLOCK_MIB = 256
+"""The smallest ``blockMiB``: the device plugin lists one device per block to kubelet in one
+ListAndWatch message, and kubelet takes no gRPC message over 4 MiB; with smaller blocks a node
+of large GPUs lists more devices than fit."""
+MAX_BLOCK_MIB = 1_048_576
+"""The largest ``blockMiB`` (1 TiB, more than any one GPU has; the agent follows no larger)."""
+
+
 class IdleReleaseArgs(ArgsModel):
     """``spec.memory.idleRelease``: idle blocks lent to best-effort pods (ours)."""
 
@@ -42,8 +50,11 @@ class MemoryArgs(ArgsModel):
     block_mib: int = Field(
         4096,
         alias="blockMiB",
-        gt=0,
-        description="MiB per edgegpu.io/gpu-mem-block; 4 GiB makes 3 blocks of a 15 GiB T4.",
+        ge=MIN_BLOCK_MIB,
+        le=MAX_BLOCK_MIB,
+        description="MiB per edgegpu.io/gpu-mem-block, 256 to 1048576; 4 GiB makes 3 blocks of "
+        "a 15 GiB T4. At least 256: the device plugin lists each block to kubelet, in a message "
+        "that must stay within kubelet's 4 MiB gRPC limit.",
     )
     assume_ttl_s: Duration = Field(
         300.0,
