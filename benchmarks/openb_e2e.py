@@ -2,7 +2,7 @@
 
 For each seed, a random subset of the OpenB nodes becomes Node objects on the e2e control plane
 (CPU, memory, GPUs and their model as a label), one report per node tells the extender of its
-GPUs (1,000 MiB each: one block per milli-GPU, as the replay's policy says), and the seed's
+GPUs (1,000 blocks each: one block per milli-GPU, as the replay's policy says), and the seed's
 workload (the replay harness's arrival order, 130 % of the GPUs) is created pod by pod: each gets
 one scheduling attempt, and a pod that fits nowhere is deleted. The unallocated GPU % at 100 %
 arrived is the replay harness's own measure, computed the same way; the harness's protocol mode
@@ -99,7 +99,7 @@ def report(nodes: trace.Nodes, i: int) -> dict[str, Any]:
         "gpus": [
             {"index": g, "uuid": f"GPU-{name}-{g}", "model": nodes.models[nodes.model[i]],
              "temperature_c": 50.0, "power_w": 100.0, "power_limit_w": 300.0,
-             "utilization_pct": 0.0, "memory_total_mib": float(trace.MILLI),
+             "utilization_pct": 0.0, "memory_total_mib": float(trace.MILLI * ours.BLOCK_MIB),
              "memory_used_mib": 0.0, "health": "healthy"}
             for g in range(int(nodes.gpus[i]))
         ],

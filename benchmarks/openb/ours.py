@@ -40,6 +40,8 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
+BLOCK_MIB = 256
+"""policy.yaml's blockMiB: a GPU of ``MILLI`` blocks has ``MILLI * BLOCK_MIB`` MiB."""
 """The GPUSchedulingPolicy the replay runs (one MiB per block so milli-GPU maps exactly)."""
 NOW = 1_000.0
 
@@ -82,7 +84,7 @@ def node_batch(cluster: Cluster, rows: IntArray) -> NodeBatch:
             "power_w": np.where(present, 100.0, np.nan),
             "power_limit_w": np.where(present, 300.0, np.nan),
             "utilization_pct": np.where(present, 0.0, np.nan),
-            "memory_total_mib": np.where(present, float(MILLI), np.nan),
+            "memory_total_mib": np.where(present, float(MILLI * BLOCK_MIB), np.nan),
         },
         unaccounted_used_mib=np.where(present, 0.0, np.nan),
         excluded_until=np.full(full, -np.inf),
