@@ -13,8 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_agent.backends.simulated import SCENARIOS
 from node_agent.health import DEFAULT_FATAL_XIDS
-from node_agent.model import DEFAULT_BLOCK_MIB
+from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
 from node_agent.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
+from scheduler_extender.telemetry.schema import Labels
 
 
 class AgentSettings(BaseSettings):
@@ -47,8 +48,9 @@ class AgentSettings(BaseSettings):
     token_file: Path | None = Field(
         None, description="ServiceAccount token sent as a bearer token."
     )
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Node labels sent with reports."
+    labels: Labels = Field(
+        default_factory=dict,
+        description="Node labels sent with reports (checked as the telemetry schema checks them).",
     )
     device_plugin: bool = Field(
         False,
@@ -67,7 +69,8 @@ class AgentSettings(BaseSettings):
     )
     block_mib: int | None = Field(
         None,
-        gt=0,
+        ge=MIN_BLOCK_MIB,
+        le=MAX_BLOCK_MIB,
         description="MiB per memory block until an extender says its policy's, when the state "
         f"file does not hold the last it said; unset = the policy's default ({DEFAULT_BLOCK_MIB}).",
     )

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from node_agent.deviceplugin.plugin import LOOKUP_TIMEOUT_S, Assigned
+from node_agent.model import MAX_BLOCK_MIB, MIN_BLOCK_MIB
 
 log = logging.getLogger("node_agent.push")
 
@@ -103,7 +104,7 @@ POLICY_RANGES: dict[str, tuple[float, float]] = {
     "max_temp_c": (1.0, 150.0),
     "cool_down_s": (0.0, 86_400.0),
     "power_saving_threshold_pct": (0.0, 100.0),
-    "memory_block_mib": (256.0, 1_048_576.0),
+    "memory_block_mib": (float(MIN_BLOCK_MIB), float(MAX_BLOCK_MIB)),
 }
 """The range each number of an answer's ``policy`` must be in (closed; ``memory_block_mib`` a
 whole number too)."""

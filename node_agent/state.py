@@ -13,11 +13,10 @@ import logging
 import os
 from pathlib import Path
 
-from node_agent.model import DEFAULT_BLOCK_MIB
+from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
 
 log = logging.getLogger("node_agent")
 
-MAX_BLOCK_MIB = 1_048_576
 """The largest block size taken from the file (the push answer's bound too)."""
 
 
@@ -40,8 +39,11 @@ class StateFile:
             log.warning("state %s cannot be read (%s): not used", self.path, exc)
             return None
         value = doc.get("block_mib") if isinstance(doc, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BLOCK_MIB:
-            log.warning("state %s: block_mib %r is not a block size: not used", self.path, value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = None
+        if value is None or not MIN_BLOCK_MIB <= value <= MAX_BLOCK_MIB:
+            shown = doc.get("block_mib") if isinstance(doc, dict) else None
+            log.warning("state %s: block_mib %r is not a block size: not used", self.path, shown)
             return None
         return value
 

@@ -33,6 +33,11 @@ ReasonCode = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-
 TEXT_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
 """Text with no control character (pydantic's engine: ``$`` is the end of the text only)."""
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=TEXT_PATTERN)]
+Labels = dict[
+    Annotated[str, Field(max_length=317, pattern=TEXT_PATTERN)],
+    Annotated[str, Field(max_length=63, pattern=TEXT_PATTERN)],
+]
+"""Node labels as a report carries them (and as the agent's ``--labels`` are checked)."""
 
 
 class _Model(BaseModel):
@@ -126,10 +131,7 @@ class TelemetryReport(_Model):
     agent: AgentInfo
     sampled_at: datetime
     interval_s: Annotated[float, Field(gt=0, le=3600)]
-    labels: dict[
-        Annotated[str, Field(max_length=317, pattern=TEXT_PATTERN)],
-        Annotated[str, Field(max_length=63, pattern=TEXT_PATTERN)],
-    ] = Field(default_factory=dict, max_length=64)
+    labels: Labels = Field(default_factory=dict, max_length=64)
     node_health: NodeHealth = Field(default_factory=NodeHealth)
     gpus: Annotated[list[GpuReport], Field(max_length=MAX_GPUS_PER_NODE)]
     hot_threshold_c: Annotated[float, Field(ge=-60, le=200)] | None = None

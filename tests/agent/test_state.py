@@ -69,7 +69,7 @@ async def test_a_restarted_agent_advertises_the_block_size_the_extender_last_sai
 @pytest.mark.parametrize(
     "text",
     [None, "", "{", '{"block_mib": 0}', '{"block_mib": "8192"}', '{"block_mib": true}', "[8192]",
-     '{"block_mib": 2097152}'],
+     '{"block_mib": 2097152}', '{"block_mib": 1}'],
 )  # fmt: skip
 async def test_a_state_file_that_is_absent_or_cannot_be_trusted_falls_back_to_the_default(
     tmp_path: Path, text: str | None, caplog: pytest.LogCaptureFixture

@@ -498,3 +498,22 @@ async def test_the_certificate_must_name_the_host_of_the_url_even_with_every_add
     by_address = AgentSettings(node_name="n1", extender_urls=[f"https://127.0.0.1:{port}"],
                                ca_file=ca)  # fmt: skip
     assert await _push_with(by_address) == {f"https://127.0.0.1:{port}": "failed"}
+
+
+@pytest.mark.parametrize("block_mib", [0, 1, 255, 2_097_152])
+def test_a_block_size_flag_under_256_mib_or_over_a_tib_stops_the_agent_at_start(
+    block_mib: int,
+) -> None:
+    """Blocks that small make more devices than kubelet's gRPC message carries."""
+    with pytest.raises(ValueError, match="block_mib"):
+        AgentSettings(node_name="n1", block_mib=block_mib)
+    assert AgentSettings(node_name="n1", block_mib=256).block_mib == 256
+
+
+@pytest.mark.parametrize("labels", [{"rack": "a\x1b]52;c;aGk=\x07"}, {"ra\nck": "a"}])
+def test_a_label_with_a_control_character_stops_the_agent_at_start_not_every_report(
+    labels: dict[str, str],
+) -> None:
+    """Else every report it builds would fail the schema, and it would never push."""
+    with pytest.raises(ValueError, match="labels"):
+        AgentSettings(node_name="n1", labels=labels)
