@@ -166,7 +166,17 @@ class Pusher:
     seq_from: int = 100
     """The first round's sequence number (a later pusher for the same nodes starts above)."""
     stats: PushStats = field(default_factory=PushStats)
+    tls: ssl.SSLContext | None = None
+    """The extender's CA, as the agents verify it (its Service's name in the certificate)."""
     _templates: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.tls is None:
+            return await asyncio.open_connection("127.0.0.1", self.port)
+        return await asyncio.open_connection(
+            "127.0.0.1", self.port, ssl=self.tls,
+            server_hostname="edgegpu-extender.edgegpu-system.svc",
+        )  # fmt: skip
 
     async def run(self, stop: asyncio.Event, drain_s: float = 0.0) -> None:
         """Push until ``stop`` is set; then wait up to ``drain_s`` for the pushes due to go."""
@@ -195,7 +205,7 @@ class Pusher:
             await asyncio.gather(*workers, return_exceptions=True)
 
     async def _worker(self, queue: asyncio.Queue[tuple[int, int, float]]) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = await self._connect()
         head = (
             f"POST /v1/telemetry HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
             f"\r\nAuthorization: Bearer {self.token}\r\nContent-Length: "
@@ -217,7 +227,7 @@ class Pusher:
                 except (ConnectionError, asyncio.IncompleteReadError):
                     self.stats.failed += 1
                     writer.close()
-                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    reader, writer = await self._connect()
                     queue.task_done()
                     continue
                 self.stats.answered += 1
@@ -353,10 +363,10 @@ def namespace(cp: ControlPlane, name: str) -> Iterator[str]:
         cp.request("DELETE", f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
 
 
-def extender_counts(url: str) -> dict[str, float]:
+def extender_counts(ext: Extender) -> dict[str, float]:
     """Errors and bind results from the extender's /metrics."""
     out: dict[str, float] = {"errors": 0.0, "bind_refusals": 0.0}
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = ext.fetch("/metrics", timeout_s=10).text
     for line in text.splitlines():
         if line.startswith("edgegpu_extender_request_duration_seconds_sum{"):
             verb = line.split('verb="', 1)[1].split('"', 1)[0]
@@ -483,7 +493,7 @@ async def bench_nodes(
         ext = PinnedExtender(cp, "edgegpu-extender-0")
         ext.token_file = token_file
         ext.start()
-        pusher = Pusher(ext.port, token, count)
+        pusher = Pusher(ext.port, token, count, tls=ext.context())
         stop = asyncio.Event()
         pushing = asyncio.create_task(pusher.run(stop))
         sched = schedule_with(cp, ext.url, "edgegpu-scheduler")
@@ -514,12 +524,12 @@ async def bench_nodes(
                 scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
                              "floor": "floor-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
-                counts_before = extender_counts(ext.url)
+                counts_before = extender_counts(ext)
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
                     burst = await run_burst(cp, ns, pods, scheduler)
                     result = summary(burst, pods) | placement(burst)
                     rss_peak = max(rss_peak, round(rss_mib(pid), 1))
-                counts = extender_counts(ext.url)
+                counts = extender_counts(ext)
                 after = vars(pusher.stats)
                 result["pushes"] = {k: after[k] - before[k] for k in after}
                 if arm == "ours":

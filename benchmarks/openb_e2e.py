@@ -193,7 +193,7 @@ def run_real(
         ext = PinnedExtender(cp, "edgegpu-extender-0")
         ext.token_file = folder / "agent-tokens"
         ext.start()
-        with httpx.Client(base_url=ext.url, timeout=30,
+        with httpx.Client(base_url=ext.url, timeout=30, verify=ext.context(),
                           headers={"authorization": f"Bearer {token}"}) as client:  # fmt: skip
             for i in range(nodes.size):
                 resp = client.post("/v1/telemetry", json=report(nodes, i))

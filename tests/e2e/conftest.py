@@ -200,7 +200,9 @@ def start_cluster(
     """
     cp = ControlPlane(folder)
     kubelet = FakeKubelet(cp)
-    extenders = [Extender(cp, f"edgegpu-extender-{i}") for i in range(2)]
+    # The second profile of the whole-Node-objects case, listed as docs/install.md says.
+    served = {"EDGEGPU_SCHEDULER_NAMES": '["edgegpu-scheduler", "edgegpu-full-nodes"]'}
+    extenders = [Extender(cp, f"edgegpu-extender-{i}", extra_env=served) for i in range(2)]
     balancer = Balancer(extenders, Pki(cp.folder / f"pki-{NAMESPACE}"))
     scheduler = EdgegpuScheduler(cp, balancer.url)
     cluster = Cluster(cp, kubelet, extenders, balancer, scheduler)

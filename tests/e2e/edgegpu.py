@@ -46,7 +46,7 @@ def install_commands() -> list[list[str]]:
     """The kubectl commands of docs/install.md's "Apply" section (the optional monitoring
     and the policy listing, which needs a running extender, left out)."""
     text = INSTALL_DOC.read_text()
-    section = text.split("## 2. Apply", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## 3. Apply", 1)[1].split("\n## ", 1)[0]
     block = section.split("```sh", 1)[1].split("```", 1)[0]
     commands = []
     for line in block.splitlines():
@@ -229,6 +229,8 @@ class Extender:
     name: str
     port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Environment over the manifest's, as an operator would set it in the Deployment."""
     process: Process | None = None
     deployment: dict[str, Any] | None = None
     """The Deployment it runs as (default: manifests/extender/deployment.yaml's)."""
@@ -275,6 +277,7 @@ class Extender:
                 env[var["name"]] = remount(str(var["value"]), self.mounts)
             else:
                 env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        env.update(self.extra_env)
         return [sys.executable, "-m", "scheduler_extender", *out, *self.extra_args], env
 
     @property
