@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     if settings.client_ca_file is not None:
         # Optional at the TLS layer (agents have none); the verbs check it (api/fast.py).
         tls.update(ssl_ca_certs=str(settings.client_ca_file), ssl_cert_reqs=ssl.CERT_OPTIONAL)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, **uvicorn_options(settings.log_level), **tls
-    )
+    options = uvicorn_options(settings.log_level, settings.head_timeout_s)
+    uvicorn.run(app, host=settings.host, port=settings.port, **options, **tls)
     return 0

@@ -7,10 +7,10 @@ Validated once at start-up; every error is listed at once. Imports pydantic-sett
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.errors import PolicyError
@@ -33,20 +33,51 @@ class ExtenderSettings(BaseSettings):
         None, description="GPUSchedulingPolicy document (JSON or YAML); unset = defaults."
     )
     max_request_bytes: int = Field(
-        256 * 1024 * 1024,
+        8 * 1024 * 1024,
         gt=0,
-        description="Cap on a scheduler request body: 5,000 full Node objects are ~50-100 MB.",
+        description="Cap on one scheduler request body (and /debug/explain's), in bytes. The "
+        "default fits nodeCacheCapable: true, where the scheduler sends the Pod (the API server "
+        "takes none over 3 MiB) and node names; with nodeCacheCapable: false it sends every "
+        "candidate Node object (10-20 kB each): raise this, --max-inflight-request-bytes and "
+        "the memory limit with it.",
     )
     max_telemetry_bytes: int = Field(
         1024 * 1024, gt=0, description="Cap on one telemetry push (64 GPUs fit in ~100 kB)."
+    )
+    max_inflight_request_bytes: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="Scheduler request bodies held at once across every connection, in bytes "
+        "(parsing takes a few times a body's size): four bodies at the default cap. A request "
+        "that does not fit waits up to 1 s, then is answered with an error in its body.",
+    )
+    max_inflight_telemetry_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="Telemetry push bodies held at once across every connection, in bytes: "
+        "thousands of usual reports. A push that does not fit is answered 503 with "
+        "Retry-After, and the agent backs off.",
+    )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request's line and headers may take to arrive, from the "
+        "connection opening (or the request's first byte on a kept-alive one); the connection "
+        "is then closed (408 when part of a head came).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Least severe log level written."
     )
     debug_endpoints: Literal["on", "loopback", "off"] = Field(
-        "on",
-        description="Who may read /debug/*: everyone who reaches the port, loopback clients "
-        "only, or nobody (404).",
+        "loopback",
+        description="Who may read / and /debug/*: everyone who reaches the port, loopback "
+        "clients only (kubectl port-forward, exec), or nobody (404).",
+    )
+    scheduler_names: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        ["edgegpu-scheduler"],
+        min_length=1,
+        description="Schedulers (a pod's spec.schedulerName) whose pods bind may bind; a pod of "
+        "any other is refused. List every profile whose extenders name this one.",
     )
     # The cluster (no kubeconfig and not in-cluster = embedded mode, no API server at all).
     kubeconfig: Path | None = Field(None, description="kubeconfig file of the cluster.")
@@ -73,6 +104,21 @@ class ExtenderSettings(BaseSettings):
         "CA (kube-scheduler's extender tlsConfig certFile/keyFile); agents still push with "
         "their tokens and no certificate.",
     )
+
+    @model_validator(mode="after")
+    def _each_body_fits_in_flight(self) -> ExtenderSettings:
+        problems = [
+            f"{cap} ({getattr(self, cap)}) is over {budget} ({getattr(self, budget)}): a body "
+            f"at the cap could never be read; raise --{budget.replace('_', '-')}"
+            for cap, budget in (
+                ("max_request_bytes", "max_inflight_request_bytes"),
+                ("max_telemetry_bytes", "max_inflight_telemetry_bytes"),
+            )
+            if getattr(self, cap) > getattr(self, budget)
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def has_cluster(self) -> bool:

@@ -6,7 +6,9 @@ Standard library only; shared with the benchmarks' floor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
+import io
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -21,28 +23,37 @@ TELEMETRY_PATH = "/v1/telemetry"
 _CONTENT_TYPE = (b"content-type", b"application/json")
 
 
-def _http_protocol() -> Any:
-    """The HTTP protocol: httptools with a cap on the request head, else h11 (which caps it)."""
+def _http_protocol(head_timeout_s: float | None) -> Any:
+    """The HTTP protocol: httptools with a cap and a deadline on the request head.
+
+    Without httptools, h11, which caps the head but gives it no deadline.
+    """
     if importlib.util.find_spec("httptools") is None:
         return "h11"
     from scheduler_extender.httpproto import BoundedHttpTools
 
-    return BoundedHttpTools
+    if head_timeout_s is None:
+        return BoundedHttpTools
+    return BoundedHttpTools.with_head_timeout(head_timeout_s)
 
 
-def uvicorn_options(log_level: str = "warning") -> dict[str, Any]:
+def uvicorn_options(
+    log_level: str = "warning", head_timeout_s: float | None = None
+) -> dict[str, Any]:
     """How the extender runs under uvicorn (the benchmarks' floor too).
 
     uvloop and httptools when present, no access log: the scheduler waits on every call we
     answer, and an access log line costs as much as a small filter. Idle keep-alive
     connections stay open 75 s (uvicorn's default is 5 s; Go's client keeps them 90 s), so a
-    quiet minute between scheduling bursts does not cost a reconnect.
+    quiet minute between scheduling bursts does not cost a reconnect. A request's head must
+    arrive within ``head_timeout_s`` (None: ``httpproto.HEAD_TIMEOUT_S``) of the connection
+    opening, or of its first byte on a kept-alive connection.
     """
     return {
         "log_level": log_level,
         "access_log": False,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": _http_protocol(),
+        "http": _http_protocol(head_timeout_s),
         "server_header": False,
         "date_header": False,
         "timeout_keep_alive": 75,
@@ -78,36 +89,175 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
+def is_json(scope: Scope) -> bool:
+    """Whether the request says its body is JSON: one Content-Type, ``application/json``.
+
+    Parameters (``; charset=utf-8``) are allowed. A browser may send a cross-site POST without
+    asking first only as ``text/plain``, a form type, or with no Content-Type at all; all of
+    those are refused, so a web page cannot reach the verbs or the push through a visitor's
+    browser. kube-scheduler's extender client and the agent both send ``application/json``.
+    """
+    types: list[bytes] = [value for name, value in scope["headers"] if name == b"content-type"]
+    return len(types) == 1 and types[0].partition(b";")[0].strip().lower() == b"application/json"
+
+
 BODY_TIMEOUT_S = 30.0
 """The longest a request may take to send its body (a client that declares more than it sends
 would otherwise hold the request open for ever)."""
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes | None:
-    """The body, or None when it is over ``limit`` (refused before reading when declared).
+class BodyRefused(Exception):
+    """A request body that was not read, or not all of it."""
 
-    TimeoutError when it has not all arrived within ``BODY_TIMEOUT_S``.
+
+class TooLarge(BodyRefused):
+    """The body is over its cap (declared so, or found so while reading)."""
+
+
+class NoRoom(BodyRefused):
+    """Other requests in flight hold the whole budget: the body was not read."""
+
+
+class Late(BodyRefused):
+    """The body had not all arrived within ``BODY_TIMEOUT_S``."""
+
+
+class Disconnected(BodyRefused):
+    """The client went away before its body had all arrived: there is no one to answer."""
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    """The body: ``TooLarge`` when it is over ``limit`` (before reading when declared so).
+
+    Read into one growing buffer, and refused as soon as it passes ``limit``: a chunked body
+    that never ends costs ``limit`` bytes at most. ``Late`` when it has not all arrived within
+    ``BODY_TIMEOUT_S``; ``Disconnected`` when the client left first.
     """
     if declared is not None and declared > limit:
-        return None
-    async with asyncio.timeout(BODY_TIMEOUT_S):
-        return await _read_all(receive, limit)
+        raise TooLarge
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            return await _read_all(receive, limit)
+    except TimeoutError:
+        raise Late from None
 
 
-async def _read_all(receive: Receive, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
+async def _read_all(receive: Receive, limit: int) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise Disconnected
+    first: bytes = message.get("body", b"")
+    if len(first) > limit:
+        raise TooLarge
+    if not message.get("more_body"):
+        return first  # the usual case: the whole body in one message, no copy
+    # BytesIO grows one buffer in place and hands it over without a copy (getvalue).
+    buffer = io.BytesIO()
+    buffer.write(first)
+    size = len(first)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b"".join(chunks)
+            raise Disconnected
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            return None
-        chunks.append(chunk)
+            raise TooLarge
+        buffer.write(chunk)
         if not message.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return buffer.getvalue()
+
+
+class HeldBody:
+    """``async with HeldBody(...) as body``: the body, counted in ``budget`` until answered.
+
+    Room for its declared length (``limit`` when it declares none) is reserved before a byte
+    is read, waiting up to ``wait_s``. Entering raises a ``BodyRefused``: ``TooLarge``,
+    ``NoRoom``, ``Late`` or ``Disconnected``. (A class, not a generator: the hot routes enter
+    one per request.)
+    """
+
+    __slots__ = ("_budget", "_limit", "_need", "_receive", "_scope", "_wait_s")
+
+    def __init__(
+        self, scope: Scope, receive: Receive, limit: int, budget: BodyBudget, wait_s: float
+    ) -> None:
+        self._scope = scope
+        self._receive = receive
+        self._limit = limit
+        self._budget = budget
+        self._wait_s = wait_s
+        self._need = 0
+
+    async def __aenter__(self) -> bytes:
+        declared = declared_length(self._scope)
+        if declared is not None and declared > self._limit:
+            raise TooLarge
+        need = self._limit if declared is None else declared
+        if not await self._budget.acquire(need, self._wait_s):
+            raise NoRoom
+        self._need = need
+        try:
+            return await read_body(self._receive, self._limit, declared)
+        except BaseException:
+            self._budget.release(need)
+            raise
+
+    async def __aexit__(self, *_: object) -> None:
+        self._budget.release(self._need)
+
+
+class BodyBudget:
+    """Bytes of request bodies the process may hold at once, across every connection.
+
+    A request reserves its declared Content-Length (the size cap when it sends none) before its
+    body is read, and gives it back once it is answered, parsing and deciding included. So the
+    memory the requests in flight take is bounded by the budget (times what parsing makes of a
+    body), however many connections send at once. Waiters are served in arrival order; one
+    that does not fit within its wait is refused, and what to answer then is the caller's
+    choice.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, size: int, wait_s: float) -> bool:
+        """Reserve ``size`` bytes, waiting up to ``wait_s`` for room; False when refused."""
+        if size > self.capacity:
+            return False
+        if not self._waiting and self.used + size <= self.capacity:
+            self.used += size
+            return True
+        if wait_s <= 0:
+            return False
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, granted)
+        self._waiting.append(entry)
+        kept = False
+        try:
+            await asyncio.wait((granted,), timeout=wait_s)
+            kept = granted.done()
+            return kept
+        finally:
+            if not granted.done():
+                granted.cancel()
+                self._waiting.remove(entry)
+                self._grant()  # those behind it may fit now
+            elif not kept:
+                self.release(size)  # granted, but the caller was cancelled meanwhile
+
+    def release(self, size: int) -> None:
+        """Give back a reservation, and let the waiters that now fit in."""
+        self.used -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self.used + self._waiting[0][0] <= self.capacity:
+            size, granted = self._waiting.popleft()
+            self.used += size
+            granted.set_result(None)
 
 
 def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -124,17 +274,6 @@ def client_host(scope: Scope) -> str | None:
     """The peer's address (never a forwarded header)."""
     client = scope.get("client")
     return client[0] if client else None
-
-
-async def read_push(
-    scope: Scope, receive: Receive, limit: int
-) -> tuple[bytes | None, str | None, str | None]:
-    """A telemetry push as the extender takes it: (body, peer address, bearer token).
-
-    The body is None when it is over ``limit``.
-    """
-    body = await read_body(receive, limit, declared_length(scope))
-    return body, client_host(scope), bearer(scope["headers"])
 
 
 def internal_error(exc: Exception) -> bytes:

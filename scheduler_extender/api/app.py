@@ -171,7 +171,8 @@ def create_app(
             )
             paths, components = fast.fast_openapi(settings.path_prefix)
             schema["paths"] = {**paths, **schema["paths"]}
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            for section, entries in components.items():
+                schema.setdefault("components", {}).setdefault(section, {}).update(entries)
             app.openapi_schema = schema
         return app.openapi_schema
 

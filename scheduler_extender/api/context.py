@@ -1,4 +1,4 @@
-"""What every route reads: settings, state, metrics, binder. Held on ``app.state.ctx``."""
+"""What every route reads: settings, state, metrics, binder, body budgets. On ``app.state.ctx``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from scheduler_extender.k8s.binder import Binder
 from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.remediation.runner import Remediator
+from scheduler_extender.serving import BodyBudget
 from scheduler_extender.state.cluster import ClusterState
 from scheduler_extender.sync import ClusterSync
 
@@ -34,6 +35,14 @@ class AppContext:
     elector: LeaseElector | None = None
     remediator: Remediator | None = None
     warned: set[str] = field(default_factory=set)
+    request_bodies: BodyBudget = field(init=False)
+    """Scheduler request bodies (and /debug/explain's) held at once."""
+    push_bodies: BodyBudget = field(init=False)
+    """Telemetry push bodies held at once."""
+
+    def __post_init__(self) -> None:
+        self.request_bodies = BodyBudget(self.settings.max_inflight_request_bytes)
+        self.push_bodies = BodyBudget(self.settings.max_inflight_telemetry_bytes)
 
     @property
     def ready(self) -> bool:

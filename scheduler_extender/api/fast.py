@@ -4,8 +4,10 @@ kube-scheduler waits on every call, and the framework's routing, request objects
 response classes cost more than our whole decision at 5,000 nodes (and several times the cost
 of storing one telemetry push); so ``POST /filter``, ``/prioritize``, ``/preempt``, ``/bind``
 and ``/v1/telemetry`` are answered here, in front of FastAPI, and everything else falls through
-to it. Scheduler verbs always answer 200 with errors in the body, as the extender protocol
-requires. The OpenAPI document still describes these routes (``fast_openapi``).
+to it. Scheduler verbs answer 200 with errors in the body to whatever kube-scheduler sends, as
+the extender protocol requires; only what it never sends (no client certificate where one is
+required, a body that is not JSON, or one that stops arriving) gets another status. The OpenAPI
+document still describes these routes (``fast_openapi``).
 """
 
 from __future__ import annotations
@@ -23,18 +25,24 @@ from scheduler_extender.httpproto import CLIENT_CERT_KEY
 from scheduler_extender.k8s import wire
 from scheduler_extender.serving import (
     TELEMETRY_PATH,
+    Disconnected,
+    HeldBody,
+    Late,
+    NoRoom,
     Receive,
     Scope,
     Send,
-    declared_length,
+    TooLarge,
+    bearer,
+    client_host,
     internal_error,
-    read_body,
-    read_push,
+    is_json,
     send_json,
 )
 from scheduler_extender.telemetry.schema import TelemetryReport
 
 Handler = Callable[[AppContext, bytes], Awaitable[bytes] | bytes]
+Headers = list[tuple[bytes, bytes]]
 
 log = logging.getLogger("scheduler_extender")
 
@@ -45,14 +53,27 @@ VERBS: dict[str, Handler] = {
     "bind": verbs.bind_verb,
 }
 
+VERB_WAIT_S = 1.0
+"""How long a scheduler request waits for room among the bodies in flight before it is answered
+with an error in its body (well inside the shipped scheduler config's 2 s httpTimeout)."""
+
+RETRY_AFTER_S = 1
+"""What a push refused for want of room is told to wait (the agent's own backoff starts there)."""
 
 _POST_ONLY = b'{"error":"method not allowed: POST only"}'
 _NO_CLIENT_CERT = b'{"error":"the scheduler verbs need a client certificate (--client-ca-file)"}'
+_NOT_JSON = b'{"error":"the body must be sent as Content-Type: application/json"}'
+_LATE = b'{"error":"the request body did not arrive in time"}'
+_BUSY = b'{"error":"the extender holds as many telemetry bodies as it may: retry later"}'
+_CLOSE: Headers = [(b"connection", b"close")]
+"""On answers sent before the body was read: the connection cannot carry another request."""
 
 
-def _too_large(verb: str, ctx: AppContext, message: str) -> bytes:
-    ctx.metrics.request_errors.labels(verb, "malformed").inc()
+def _refusal(verb: str, ctx: AppContext, kind: str, message: str) -> bytes:
+    """A scheduler verb's answer to a request it did not decide on (still a 200: the protocol)."""
+    ctx.metrics.request_errors.labels(verb, kind).inc()
     message = f"edgegpu: {verb}: {message}"
+    ctx.warn_once(f"refused-{kind}", f"{message} (said once; counted by kind in metrics)")
     if verb == "prioritize":
         return b"[]"
     if verb == "preempt":
@@ -63,7 +84,17 @@ def _too_large(verb: str, ctx: AppContext, message: str) -> bytes:
 
 
 class FastRoutes:
-    """Answers the hot routes; ``handle`` says False for anything else."""
+    """Answers the hot routes; ``handle`` says False for anything else.
+
+    Bodies are bounded twice: each by its cap (``max_request_bytes``, ``max_telemetry_bytes``),
+    refused as soon as it is over; and all of them together by a budget per kind
+    (``max_inflight_request_bytes``, ``max_inflight_telemetry_bytes``), reserved before a
+    body is read and held until it is answered. A scheduler request that finds no room waits
+    up to ``VERB_WAIT_S`` and is then answered 200 with the error in its body, as the protocol
+    wants (filter and bind errors make kube-scheduler retry the pod; prioritize answers ``[]``;
+    preempt keeps no candidate). A push that finds no room is answered 503 with Retry-After at
+    once: the agent backs off and its next report replaces this one anyway.
+    """
 
     def __init__(self, ctx: AppContext, prefix: str = "") -> None:
         self.ctx = ctx
@@ -81,37 +112,76 @@ class FastRoutes:
             await send_json(send, 405, _POST_ONLY, [(b"allow", b"POST")])
             return True
         verb, handler = route
-        ctx = self.ctx
-        if (
-            handler is not None
-            and ctx.settings.client_ca_file is not None
-            and not scope.get(CLIENT_CERT_KEY)
-        ):
-            ctx.metrics.request_errors.labels(verb, "forbidden").inc()
-            await send_json(send, 403, _NO_CLIENT_CERT)
-            return True
         start = time.perf_counter()
-        status = 200
         try:
             if handler is None:
-                push = await read_push(scope, receive, ctx.settings.max_telemetry_bytes)
-                status, out = await ingest.push(ctx, *push)
+                status, out, extra = await self._push(scope, receive)
             else:
-                limit = ctx.settings.max_request_bytes
-                body = await read_body(receive, limit, declared_length(scope))
-                if body is None:
-                    out = _too_large(verb, ctx, f"body is over the limit of {limit} bytes")
-                else:
-                    result = handler(ctx, body)
-                    out = await result if isinstance(result, Awaitable) else result
-        except TimeoutError:
-            status, out = 408, b'{"error":"the request body did not arrive in time"}'
+                status, out, extra = await self._verb(verb, handler, scope, receive)
+        except Disconnected:
+            return True  # nobody is left to answer
         except Exception as exc:  # the verbs answer their own errors; this is the last guard
             log.exception("internal error on %s", scope["path"])
-            status, out = 500, internal_error(exc)
-        await send_json(send, status, out)
-        ctx.metrics.observe_latency(verb, time.perf_counter() - start)
+            status, out, extra = 500, internal_error(exc), []
+        await send_json(send, status, out, extra)
+        self.ctx.metrics.observe_latency(verb, time.perf_counter() - start)
         return True
+
+    async def _verb(
+        self, verb: str, handler: Handler, scope: Scope, receive: Receive
+    ) -> tuple[int, bytes, Headers]:
+        ctx = self.ctx
+        if ctx.settings.client_ca_file is not None and not scope.get(CLIENT_CERT_KEY):
+            ctx.metrics.request_errors.labels(verb, "forbidden").inc()
+            return 403, _NO_CLIENT_CERT, _CLOSE
+        if not is_json(scope):
+            ctx.metrics.request_errors.labels(verb, "unsupported_media_type").inc()
+            return 415, _NOT_JSON, _CLOSE
+        limit = ctx.settings.max_request_bytes
+        try:
+            async with HeldBody(scope, receive, limit, ctx.request_bodies, VERB_WAIT_S) as body:
+                result = handler(ctx, body)
+                out = await result if isinstance(result, Awaitable) else result
+                return 200, out, []
+        except TooLarge:
+            message = (
+                f"the body is over the limit of {limit} bytes (--max-request-bytes; with "
+                "nodeCacheCapable: false the scheduler sends whole Node objects: raise it, "
+                "with --max-inflight-request-bytes)"
+            )
+            return 200, _refusal(verb, ctx, "too_large", message), _CLOSE
+        except NoRoom:
+            message = (
+                f"the extender is busy: requests in flight hold the {ctx.request_bodies.capacity} "
+                "bytes of bodies it may hold at once (--max-inflight-request-bytes)"
+            )
+            return 200, _refusal(verb, ctx, "busy", message), _CLOSE
+        except Late:
+            ctx.metrics.request_errors.labels(verb, "timeout").inc()
+            return 408, _LATE, _CLOSE
+
+    async def _push(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
+        ctx = self.ctx
+        if not is_json(scope):
+            ctx.metrics.telemetry.labels("unsupported_media_type").inc()
+            return 415, _NOT_JSON, _CLOSE
+        # Who pushes is known before the body is read: a stranger holds none of the budget.
+        identity = await ingest.authenticate_push(ctx, client_host(scope), bearer(scope["headers"]))
+        if isinstance(identity, tuple):
+            return *identity, _CLOSE
+        limit = ctx.settings.max_telemetry_bytes
+        try:
+            async with HeldBody(scope, receive, limit, ctx.push_bodies, 0.0) as body:
+                status, out = ingest.push(ctx, identity, body)
+                return status, out, []
+        except TooLarge:
+            return *ingest.too_large(ctx), _CLOSE
+        except NoRoom:
+            ctx.metrics.telemetry.labels("busy").inc()
+            return 503, _BUSY, [(b"retry-after", b"%d" % RETRY_AFTER_S), *_CLOSE]
+        except Late:
+            ctx.metrics.telemetry.labels("late").inc()
+            return 408, _LATE, _CLOSE
 
 
 class ExtenderAPI(FastAPI):
@@ -150,15 +220,21 @@ _DOCS = {
         "Assign GPUs and bind the pod",
         {
             "type": "object",
-            "description": "ExtenderBindingArgs: PodName, PodNamespace, PodUID, Node",
+            "description": "ExtenderBindingArgs: PodName, PodNamespace, PodUID, Node. PodUID "
+            "must be the pod's (kube-scheduler always sends it), and the pod's "
+            "spec.schedulerName one of --scheduler-names; else Error says why.",
         },
         "ExtenderBindingResult: {Error}",
     ),
 }
+_REFUSED_BEFORE_READING = {
+    "408": {"description": "the body did not arrive in time"},
+    "415": {"description": "Content-Type is not application/json"},
+}
 
 
-def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """OpenAPI path items for the fast routes, and the component schemas they refer to.
+def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """OpenAPI path items for the fast routes, and the components they refer to, by section.
 
     The fast routes are not FastAPI routes, so FastAPI does not describe them.
     """
@@ -174,22 +250,26 @@ def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 },
                 "responses": {
                     "200": {
-                        "description": f"{answer}; always 200, errors in the body",
+                        "description": f"{answer}; always 200 for what kube-scheduler sends, "
+                        "errors in the body",
                         "content": {"application/json": {"schema": {}}},
-                    }
+                    },
+                    "403": {"description": "no verified client certificate (--client-ca-file)"},
+                    **_REFUSED_BEFORE_READING,
                 },
             }
         }
         for verb, (summary, schema, answer) in _DOCS.items()
     }
     report = TelemetryReport.model_json_schema(ref_template="#/components/schemas/{model}")
-    components = report.pop("$defs", {})
-    components["TelemetryReport"] = report
+    schemas = report.pop("$defs", {})
+    schemas["TelemetryReport"] = report
     paths[TELEMETRY_PATH] = {
         "post": {
             "tags": ["telemetry"],
             "summary": "Push one node's GPU telemetry",
             "operationId": "telemetry_push",
+            "security": [{"agentToken": []}],
             "requestBody": {
                 "required": True,
                 "content": {
@@ -202,7 +282,23 @@ def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 "403": {"description": "the token may not report for this node"},
                 "413": {"description": "report over the size cap"},
                 "422": {"description": "invalid report, every problem located"},
+                **_REFUSED_BEFORE_READING,
+                "503": {
+                    "description": "too many bodies in flight: retry after the time given",
+                    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                },
             },
         }
+    }
+    components = {
+        "schemas": schemas,
+        "securitySchemes": {
+            "agentToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The agent's projected ServiceAccount token (a static token in "
+                "the embedded mode; none needed from loopback without agent authentication)",
+            }
+        },
     }
     return paths, components

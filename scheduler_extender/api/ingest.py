@@ -74,25 +74,26 @@ def authorize(ctx: AppContext, identity: Identity | None, node: str) -> tuple[in
     return None
 
 
-async def admit(
-    ctx: AppContext,
-    body: bytes | None,
-    client: str | None,
-    token: str | None,
-) -> Received | tuple[int, bytes]:
-    """Authenticate and decode one push: the push to store, or the (status, JSON body) refusing it.
-
-    ``body`` None means it was over the size cap.
-    """
-    metrics = ctx.metrics.telemetry
+async def authenticate_push(
+    ctx: AppContext, client: str | None, token: str | None
+) -> Identity | tuple[int, bytes] | None:
+    """``authenticate`` for a push, counting a refusal (before its body is read)."""
     identity = await authenticate(ctx, client, token)
     if isinstance(identity, tuple):
         forbidden = identity[0] == 403 and ctx.auth is not None
-        metrics.labels("forbidden" if forbidden else "unauthorized").inc()
-        return identity
-    if body is None:
-        metrics.labels("too_large").inc()
-        return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
+        ctx.metrics.telemetry.labels("forbidden" if forbidden else "unauthorized").inc()
+    return identity
+
+
+def too_large(ctx: AppContext) -> tuple[int, bytes]:
+    """The (status, JSON body) refusing a push over the size cap, counted."""
+    ctx.metrics.telemetry.labels("too_large").inc()
+    return _error(413, f"report is over the limit of {ctx.settings.max_telemetry_bytes} bytes")
+
+
+def admit(ctx: AppContext, identity: Identity | None, body: bytes) -> Received | tuple[int, bytes]:
+    """Decode one authenticated push: the push to store, or the (status, JSON body) refusing it."""
+    metrics = ctx.metrics.telemetry
     try:
         push = Received.of(decode_report(body, _MAX_PROBLEMS))
     except ReportError as exc:
@@ -161,14 +162,9 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
     return 200, orjson.dumps(payload)
 
 
-async def push(
-    ctx: AppContext,
-    body: bytes | None,
-    client: str | None,
-    token: str | None,
-) -> tuple[int, bytes]:
-    """One push → (status, JSON body)."""
-    checked = await admit(ctx, body, client, token)
+def push(ctx: AppContext, identity: Identity | None, body: bytes) -> tuple[int, bytes]:
+    """One authenticated push (``authenticate_push``) → (status, JSON body)."""
+    checked = admit(ctx, identity, body)
     if not isinstance(checked, Received):
         return checked
     return answer(ctx, checked.digest.node, ctx.state.ingest(checked))

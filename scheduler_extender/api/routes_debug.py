@@ -18,7 +18,16 @@ from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy.rules import memory
-from scheduler_extender.serving import bearer, declared_length, read_body
+from scheduler_extender.report import GpuProcess
+from scheduler_extender.serving import (
+    Disconnected,
+    HeldBody,
+    Late,
+    NoRoom,
+    TooLarge,
+    bearer,
+    is_json,
+)
 from scheduler_extender.state.cluster import ClusterState
 
 
@@ -39,6 +48,20 @@ debug = APIRouter(
 
 def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _process_view(state: ClusterState, process: GpuProcess) -> dict[str, Any]:
+    """A GPU process as /debug shows it: its pod by name, when the pod holds an assignment.
+
+    Never a pod's uid: with one, a bind naming that pod could be forged.
+    """
+    holder = state.allocations.get(process.pod_uid) if process.pod_uid else None
+    return {
+        "pid": process.pid,
+        "pod": None if holder is None else f"{holder.namespace}/{holder.name}",
+        "container": process.container,
+        "used_mib": process.used_mib,
+    }
 
 
 def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
@@ -112,7 +135,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                     throttle_reasons=list(gpu.throttle_reasons),
                     ecc_uncorrected=gpu.ecc_uncorrected,
                     xid_last=gpu.xid_last,
-                    processes=[msgspec.structs.asdict(p) for p in gpu.processes],
+                    processes=[_process_view(state, p) for p in gpu.processes],
                 )
             gpus.append(entry)
         view["gpus"] = gpus
@@ -123,7 +146,6 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
     view["reservations"] = [
         {
             "pod": f"{a.namespace}/{a.name}",
-            "uid": a.pod_uid,
             "gpus": list(a.gpu_indices),
             "mem_blocks": a.mem_blocks,
             "whole": a.whole,
@@ -159,6 +181,8 @@ async def debug_node(name: str, request: Request) -> JSONResponse:
     responses={
         400: {"description": "not an ExtenderArgs, or a body over the size cap"},
         408: {"description": "the body did not arrive in time"},
+        415: {"description": "Content-Type is not application/json"},
+        503: {"description": "too many request bodies in flight"},
     },
     openapi_extra={
         "requestBody": {
@@ -167,19 +191,25 @@ async def debug_node(name: str, request: Request) -> JSONResponse:
         }
     },
 )
-async def debug_explain(request: Request) -> JSONResponse:
+async def debug_explain(request: Request) -> Response:
     """Body: an ExtenderArgs as the scheduler would send it."""
     ctx: AppContext = get_ctx(request)
+    if not is_json(request.scope):
+        return JSONResponse({"error": "the body must be application/json"}, status_code=415)
+    limit = ctx.settings.max_request_bytes
     try:
-        limit = ctx.settings.max_request_bytes
-        body = await read_body(request.receive, limit, declared_length(request.scope))
-        if body is None:
-            raise RequestError(f"body is over the limit of {limit} bytes")
-        return JSONResponse(verbs.explain(ctx, body))
+        async with HeldBody(request.scope, request.receive, limit, ctx.request_bodies, 0.0) as b:
+            return JSONResponse(verbs.explain(ctx, b))
     except RequestError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
-    except TimeoutError:
+    except TooLarge:
+        return JSONResponse({"error": f"body is over the limit of {limit} bytes"}, 400)
+    except NoRoom:
+        return JSONResponse({"error": "too many request bodies in flight"}, 503)
+    except Late:
         return JSONResponse({"error": "the request body did not arrive in time"}, status_code=408)
+    except Disconnected:
+        return Response(status_code=400)  # nobody reads it
 
 
 @debug.get("/debug/policy", tags=["debug"], summary="The policy in force")

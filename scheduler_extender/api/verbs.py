@@ -237,29 +237,62 @@ def choose_assignment(
     )
 
 
-async def _bind_demand(ctx: AppContext, args: wire.BindingArgs) -> PodDemand | None:
-    """What the pod asks for: remembered from its filter, else read from the cluster.
+DEFAULT_SCHEDULER = "default-scheduler"
+"""The API server's value for a pod whose spec names no scheduler."""
 
-    A bind may reach a replica (or a restarted process) that never saw the pod's filter: the
-    pod comes from the watch cache, or from the API server when the watch has not seen it yet.
+
+async def _cluster_pod(ctx: AppContext, args: wire.BindingArgs) -> dict[str, Any] | None:
+    """The pod a bind names, as the cluster has it: the watch cache, else the API server.
+
+    None when the cluster has no pod of that namespace, name and uid (deleted, created again
+    under the same name, or never there).
     """
-    demand = ctx.state.demand_of(args.pod_uid) if args.pod_uid else None
-    if demand is not None or ctx.sync is None:
-        return demand
+    assert ctx.sync is not None
     pod = ctx.sync.pods.get((args.pod_namespace, args.pod_name))
-    if pod is None or (args.pod_uid and pod["metadata"].get("uid") != args.pod_uid):
+    if pod is None or pod["metadata"].get("uid") != args.pod_uid:
         try:
             pod = await asyncio.to_thread(ctx.sync.api.get_pod, args.pod_namespace, args.pod_name)
         except KubeError as exc:
             log.info("bind: pod %s/%s: %s", args.pod_namespace, args.pod_name, exc)
             return None
-    if args.pod_uid and pod["metadata"].get("uid") != args.pod_uid:
-        return None  # deleted and created again under the same name: not the pod to bind
+    return pod if pod["metadata"].get("uid") == args.pod_uid else None
+
+
+async def _bind_demand(ctx: AppContext, args: wire.BindingArgs) -> PodDemand | tuple[str, str]:
+    """What the pod asks for, or (metric result, error) refusing the bind.
+
+    With a cluster, only a pod the cluster has under the uid sent, and whose
+    ``spec.schedulerName`` is one of ``scheduler_names``, is bound; what it asks for is read
+    from the cluster's copy, never from a request body. The bind may reach a replica (or a
+    restarted process) that never saw the pod's filter: the pod comes from the watch cache,
+    or from the API server when the watch has not seen it yet. Without a cluster (embedded
+    mode) there is no pod to check, and no binder writes to one: the pod's filter says what it
+    asks.
+    """
+    where = f"{args.pod_namespace}/{args.pod_name}"
+    if ctx.sync is None:
+        demand = ctx.state.demand_of(args.pod_uid)
+        if demand is None:
+            return "unknown_pod", (
+                f"edgegpu: pod {where} was never filtered by this extender; configure "
+                "filterVerb together with bindVerb"
+            )
+        return demand
+    pod = await _cluster_pod(ctx, args)
+    if pod is None:
+        return "unknown_pod", f"edgegpu: pod {where} (uid {args.pod_uid}) is not in the cluster"
+    scheduler = (pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER
+    served = ctx.settings.scheduler_names
+    if scheduler not in served:
+        return "foreign_scheduler", (
+            f"edgegpu: pod {where} is for scheduler {scheduler!r}, and this extender binds for "
+            f"{', '.join(served)} only (--scheduler-names)"
+        )
     try:
         return _demand(ctx, pod)
     except RequestError as exc:
         _refused("bind", exc)
-        return None
+        return "unknown_pod", f"edgegpu: pod {where}: {exc}"
 
 
 async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
@@ -270,17 +303,10 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
         ctx.metrics.binds.labels("malformed").inc()
         return wire.encode_binding_result(str(exc))
     demand = await _bind_demand(ctx, args)
-    if demand is None:
-        ctx.metrics.binds.labels("unknown_pod").inc()
-        if ctx.sync is None:
-            return wire.encode_binding_result(
-                f"edgegpu: pod {args.pod_namespace}/{args.pod_name} was never filtered by this "
-                "extender; configure filterVerb together with bindVerb"
-            )
-        return wire.encode_binding_result(
-            f"edgegpu: pod {args.pod_namespace}/{args.pod_name} (uid {args.pod_uid}) is not in "
-            "the cluster"
-        )
+    if isinstance(demand, tuple):
+        result, error = demand
+        ctx.metrics.binds.labels(result).inc()
+        return wire.encode_binding_result(error)
     try:
         assignment, why = choose_assignment(ctx, demand, args.node)
         if assignment is None:
@@ -359,7 +385,6 @@ def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
         "pod": {
             "namespace": demand.namespace,
             "name": demand.name,
-            "uid": demand.uid,
             "qos": demand.qos.wire,
             "mem_blocks": demand.mem_blocks,
             "whole_gpus": demand.whole_gpus,

@@ -2,7 +2,8 @@
 
 The device plugin (and anyone reading the pod) finds the choice in the pod's annotations
 (DESIGN.md §4); the API server writes them as it binds. Binding is idempotent: a pod already
-bound to the same node counts as success (a retried bind whose first reply was lost).
+bound to the same node counts as success (a retried bind whose first reply was lost). A pod is
+bound by its uid, never by its name alone.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ class KubeBinder:
         self._pool = ThreadPoolExecutor(BIND_CONCURRENCY, thread_name_prefix="bind")
 
     def bind_blocking(self, a: Assignment) -> None:
-        """Bind, with the assignment's annotations; raises BindError with the server's reason."""
+        """Bind, with the assignment's annotations; raises BindError with the server's reason.
+
+        The Binding carries the pod's uid, so the API server binds that pod only (409 for a
+        pod of the same name and another uid). A 409 is success only when the pod of that
+        uid is bound to that node already.
+        """
+        if not a.pod_uid:
+            raise BindError(f"pod {a.namespace}/{a.name}: no uid to bind by")
         annotations = assignment_annotations(a) if a.gpu_indices else {}
         try:
             self._api.bind_pod(a.namespace, a.name, a.pod_uid, a.node, annotations)
@@ -61,9 +69,14 @@ class KubeBinder:
             if exc.status != 409:
                 raise BindError(f"cannot bind pod {a.namespace}/{a.name}: {exc}") from None
             try:
-                bound_to = self._api.get_pod(a.namespace, a.name).get("spec", {}).get("nodeName")
+                pod = self._api.get_pod(a.namespace, a.name)
             except KubeError as again:
                 raise BindError(f"pod {a.namespace}/{a.name}: {again}") from None
+            if (pod.get("metadata") or {}).get("uid") != a.pod_uid:
+                raise BindError(
+                    f"pod {a.namespace}/{a.name} is another pod than the one to bind"
+                ) from None
+            bound_to = (pod.get("spec") or {}).get("nodeName")
             if bound_to != a.node:
                 raise BindError(
                     f"pod {a.namespace}/{a.name} is already bound to {bound_to!r}"

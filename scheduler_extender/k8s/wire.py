@@ -360,6 +360,9 @@ def parse_binding_args(body: bytes) -> BindingArgs:
         values[key.lower()] = value
     if not values["podname"] or not values["node"]:
         raise RequestError("bind: PodName and Node must not be empty")
+    if not values["poduid"]:
+        # kube-scheduler always sends the pod's uid; without it, any pod of that name would do.
+        raise RequestError("bind: PodUID must not be empty: it names the one pod to bind")
     return BindingArgs(values["podname"], values["podnamespace"], values["poduid"], values["node"])
 
 

@@ -26,7 +26,9 @@ async def test_explain_lists_every_term_before_and_after_weighting(client):
 
 
 async def test_explain_refuses_a_malformed_body_with_400(client):
-    resp = await client.post("/debug/explain", content=b"{")
+    resp = await client.post(
+        "/debug/explain", content=b"{", headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 400
     assert "not valid JSON" in resp.json()["error"]
 
@@ -38,7 +40,7 @@ async def test_one_node_in_full_and_an_unknown_node_is_404(client):
     )
     full = (await client.get("/debug/nodes/a")).json()
     assert full["gpus"][0]["processes"] == [
-        {"pid": 1, "pod_uid": "p", "container": None, "used_mib": 10.0}
+        {"pid": 1, "pod": None, "container": None, "used_mib": 10.0}
     ]
     assert (await client.get("/debug/nodes/zzz")).status_code == 404
 
@@ -100,19 +102,20 @@ async def test_telemetry_age_is_exported_per_node(client, clock):
     assert 'edgegpu_extender_telemetry_age_seconds{node="a"} 7.5' in text
 
 
-async def test_debug_endpoints_can_be_kept_to_loopback_or_turned_off():
-    """``--debug-endpoints loopback|off`` restricts /debug/*; ops routes stay."""
+async def test_debug_endpoints_are_loopback_only_unless_opened_or_turned_off():
+    """``--debug-endpoints loopback|on|off`` restricts / and /debug/*; ops routes stay."""
     import httpx
 
     from scheduler_extender.api.app import create_app
     from scheduler_extender.config import ExtenderSettings
 
+    assert ExtenderSettings().debug_endpoints == "loopback"
     for mode, peer, shown in [("loopback", "10.0.0.7", False), ("loopback", "127.0.0.1", True),
                               ("off", "127.0.0.1", False), ("on", "10.0.0.7", True)]:  # fmt: skip
         app = create_app(ExtenderSettings(debug_endpoints=mode))
         transport = httpx.ASGITransport(app=app, client=(peer, 1))
         async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
-            for path in ("/debug/nodes", "/debug/policy"):
+            for path in ("/", "/debug/nodes", "/debug/policy"):
                 assert ((await c.get(path)).status_code == 200) is shown, (mode, peer, path)
             assert (await c.get("/healthz")).status_code == 200
             assert (await c.get("/metrics")).status_code == 200

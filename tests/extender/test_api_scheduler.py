@@ -7,6 +7,8 @@ from scheduler_extender.domain import Assignment
 from scheduler_extender.errors import BindError
 from tests.builders import args_names, args_nodes, gpu, node_object, pod, report
 
+JSON = {"content-type": "application/json"}
+
 
 async def push(client, *reports):
     for r in reports:
@@ -79,15 +81,15 @@ async def test_prioritize_scores_only_the_names_sent_in_zero_to_ten(client):
     ],
 )
 async def test_malformed_bodies_get_200_with_an_error_never_a_500(client, body):
-    resp = await client.post("/filter", content=body)
+    resp = await client.post("/filter", content=body, headers=JSON)
     assert resp.status_code == 200
     assert resp.json()["Error"]
     assert "Traceback" not in resp.text
-    resp = await client.post("/prioritize", content=body)
+    resp = await client.post("/prioritize", content=body, headers=JSON)
     assert resp.status_code == 200 and resp.json() == []
-    resp = await client.post("/bind", content=body)
+    resp = await client.post("/bind", content=body, headers=JSON)
     assert resp.status_code == 200 and resp.json()["Error"]
-    resp = await client.post("/preempt", content=body)
+    resp = await client.post("/preempt", content=body, headers=JSON)
     assert resp.status_code == 200 and resp.json() == {"NodeNameToMetaVictims": {}}
 
 
@@ -280,7 +282,7 @@ async def test_preempt_drops_a_node_where_our_known_victims_would_not_free_enoug
 async def test_preempt_passes_placeholder_nodes_without_victims_through(client):
     await push(client, report("a"))
     body = {"Pod": pod(), "NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
-    resp = await client.post("/preempt", content=orjson.dumps(body))
+    resp = await client.post("/preempt", content=orjson.dumps(body), headers=JSON)
     assert resp.json() == {"NodeNameToMetaVictims": {"a": {"Pods": [], "NumPDBViolations": 0}}}
 
 
@@ -320,12 +322,12 @@ async def test_two_spellings_of_nodenames_cannot_poison_the_candidate_cache(clie
     await push(client, report("cool-1"), report("hot-1", [gpu(0, temperature_c=95.0)]))
     spec = orjson.dumps(pod("p", qos="training")).decode()
     poisoned = f'{{"Pod":{spec},"nodenames":["cool-1"],"NodeNames":["hot-1"]}}'
-    resp = await client.post("/filter", content=poisoned)
+    resp = await client.post("/filter", content=poisoned, headers=JSON)
     assert resp.status_code == 200 and "given twice" in resp.json()["Error"]
     genuine = f'{{"Pod":{spec},"Nodes":null,"NodeNames":["hot-1"]}}'
-    body = (await client.post("/filter", content=genuine)).json()
+    body = (await client.post("/filter", content=genuine, headers=JSON)).json()
     assert body["NodeNames"] == [] and body["FailedNodes"] == {"hot-1": "edgegpu: gpu too hot"}
-    assert (await client.post("/prioritize", content=genuine)).json() == [
+    assert (await client.post("/prioritize", content=genuine, headers=JSON)).json() == [
         {"Host": "hot-1", "Score": 0}
     ]
 

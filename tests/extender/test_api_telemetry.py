@@ -6,6 +6,8 @@ from scheduler_extender.api.app import create_app
 from scheduler_extender.config import ExtenderSettings
 from tests.builders import gpu, report
 
+JSON = {"content-type": "application/json"}
+
 
 async def test_a_valid_report_is_accepted_and_shown(client):
     resp = await client.post("/v1/telemetry", json=report("edge-1", [gpu(0), gpu(1)]))
@@ -58,7 +60,7 @@ async def test_reports_with_the_wrong_schema_or_duplicate_gpus_are_refused(clien
 
 async def test_non_json_and_non_object_bodies_are_422_not_500(client):
     for body in (b"nope", b"[]", b"", b'{"schema": 5}'):
-        resp = await client.post("/v1/telemetry", content=body)
+        resp = await client.post("/v1/telemetry", content=body, headers=JSON)
         assert resp.status_code == 422, body
 
 
@@ -66,9 +68,8 @@ async def test_an_oversized_report_is_413(clock):
     app = create_app(ExtenderSettings(max_telemetry_bytes=2048), clock=clock)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
-        resp = await c.post(
-            "/v1/telemetry", content=orjson.dumps(report("n", [gpu(i) for i in range(20)]))
-        )
+        big = orjson.dumps(report("n", [gpu(i) for i in range(20)]))
+        resp = await c.post("/v1/telemetry", content=big, headers=JSON)
         assert resp.status_code == 413
 
 
@@ -136,7 +137,7 @@ async def test_uvicorn_takes_the_peer_address_not_forwarded_headers(clock):
     ],
 )
 async def test_hostile_pushes_get_a_clear_422(client, body):
-    resp = await client.post("/v1/telemetry", content=body)
+    resp = await client.post("/v1/telemetry", content=body, headers=JSON)
     assert resp.status_code == 422, resp.text
     assert resp.json()["error"].startswith("invalid telemetry report")
 
@@ -165,7 +166,8 @@ async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monke
         sent.clear()
         parts[:] = [{"type": "http.request", "body": b'{"schema":', "more_body": True}]
         scope = {"type": "http", "method": "POST", "path": path, "client": ("127.0.0.1", 1),
-                 "headers": [(b"content-length", b"5000")]}  # fmt: skip
+                 "headers": [(b"content-length", b"5000"),
+                             (b"content-type", b"application/json")]}  # fmt: skip
         await asyncio.wait_for(app(scope, receive, send), timeout=5)
         assert sent[0]["status"] == 408, path
         assert b"did not arrive in time" in sent[1]["body"]
