@@ -93,6 +93,12 @@ class ExtenderSettings(BaseSettings):
     agent_service_account: str = Field(
         "edgegpu-node-agent", description="ServiceAccount whose tokens may push telemetry."
     )
+    token_audience: str = Field(
+        "edgegpu",
+        min_length=1,
+        description="Audience the agents' projected tokens must carry (TokenReview checks it): "
+        "a token the API server would take, or one made for another service, is refused.",
+    )
     static_token_file: Path | None = Field(
         None, description="'TOKEN NODE' lines: agent tokens without TokenReview (embedded mode)."
     )

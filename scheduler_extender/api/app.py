@@ -72,11 +72,13 @@ def create_app(
         policy_source=policy_source,
     )
     if ctx.auth is None and kube is not None:
+        audiences = [settings.token_audience]
         ctx.auth = TokenReviewAuth(
-            kube.token_review,
+            lambda token: kube.token_review(token, audiences),
             lambda ns, name: ctx.sync.pod_lookup(ns, name) if ctx.sync else None,
             namespace=settings.agent_namespace,
             service_account=settings.agent_service_account,
+            audience=settings.token_audience,
             run=asyncio.to_thread,
         )
 
