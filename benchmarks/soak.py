@@ -46,7 +46,8 @@ async def schedule(port: int, nodes: int, stop: asyncio.Event) -> tuple[list[flo
                 t0 = time.perf_counter()
                 try:
                     resp = await client.post(f"/{verb}", content=orjson.dumps(
-                        {"Pod": pod, "NodeNames": body}))  # fmt: skip
+                        {"Pod": pod, "NodeNames": body}),
+                        headers={"content-type": "application/json"})  # fmt: skip
                     doc = resp.json()
                     bad = resp.status_code != 200 or (isinstance(doc, dict) and doc.get("Error"))
                 except (httpx.HTTPError, ValueError):

@@ -16,6 +16,8 @@ from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
 
+JSON = {"content-type": "application/json"}
+
 
 def fleet(clock, nodes=40, seed=0):
     app = create_app(clock=clock)
@@ -143,8 +145,8 @@ async def test_the_answer_is_the_same_however_the_request_is_spelled(client):
     lowered = compact.replace(b'"NodeNames"', b'"nodenames"').replace(b'"Pod"', b'"pod"')
     answers = []
     for variant in (compact, compact, spaced, lowered):
-        f = orjson.loads((await client.post("/filter", content=variant)).content)
-        p = orjson.loads((await client.post("/prioritize", content=variant)).content)
+        f = orjson.loads((await client.post("/filter", content=variant, headers=JSON)).content)
+        p = orjson.loads((await client.post("/prioritize", content=variant, headers=JSON)).content)
         answers.append((f, sorted((h["Host"], h["Score"]) for h in p)))
     assert all(a == answers[0] for a in answers)
     assert answers[0][0]["NodeNames"] == ["n0", "n2"]
@@ -344,13 +346,13 @@ async def test_answers_follow_changed_verdicts_on_the_same_list(client):
     for i in range(3):
         await client.post("/v1/telemetry", json=report(f"n{i}", [gpu(0, temperature_c=50.0)]))
     body = orjson.dumps(args_names(pod(qos="inference", blocks=1), ["n0", "n1", "n2"]))
-    first = orjson.loads((await client.post("/filter", content=body)).content)
+    first = orjson.loads((await client.post("/filter", content=body, headers=JSON)).content)
     assert first["NodeNames"] == ["n0", "n1", "n2"]
     await client.post("/v1/telemetry", json=report("n1", [gpu(0, temperature_c=95.0)]))
-    second = orjson.loads((await client.post("/filter", content=body)).content)
+    second = orjson.loads((await client.post("/filter", content=body, headers=JSON)).content)
     assert second["NodeNames"] == ["n0", "n2"]
     assert second["FailedNodes"] == {"n1": "edgegpu: gpu too hot"}
-    scores = orjson.loads((await client.post("/prioritize", content=body)).content)
+    scores = orjson.loads((await client.post("/prioritize", content=body, headers=JSON)).content)
     assert [h["Host"] for h in scores] == ["n0", "n1", "n2"] and scores[1]["Score"] == 0
 
 

@@ -285,8 +285,8 @@ class FakeKube:
     def add_pod(self, name: str, namespace: str = "default", node: str | None = None, *,
                 labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
                 uid: str | None = None, service_account: str = "default", phase: str = "Pending",
-                limits: dict[str, str] | None = None,
-                requests: dict[str, str] | None = None) -> JSON:  # fmt: skip
+                limits: dict[str, str] | None = None, requests: dict[str, str] | None = None,
+                scheduler: str = "edgegpu-scheduler") -> JSON:  # fmt: skip
         meta: JSON = {
             "name": name,
             "namespace": namespace,
@@ -295,7 +295,7 @@ class FakeKube:
         }
         if uid:
             meta["uid"] = uid
-        spec: JSON = {"serviceAccountName": service_account,
+        spec: JSON = {"serviceAccountName": service_account, "schedulerName": scheduler,
                       "containers": [{"name": "app", "image": "app:1", "resources": {"limits": limits or {}, "requests": requests or {}}}]}  # fmt: skip
         if node:
             spec["nodeName"] = node
@@ -544,6 +544,11 @@ class FakeKube:
                 raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
             if sub == "binding" and method == "POST":
                 target = body["target"]["name"]
+                want_uid = (body.get("metadata") or {}).get("uid")
+                if want_uid and want_uid != current["metadata"].get("uid"):
+                    # As the API server's binding storage: the uid is a precondition.
+                    raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: "
+                                   f"{want_uid}, UID in object meta: {current['metadata'].get('uid')}")  # fmt: skip
                 bound = current.get("spec", {}).get("nodeName")
                 if bound:
                     raise ApiError(

@@ -51,6 +51,7 @@ async def running_extender(
     kubeconfig: Path, **settings: Any
 ) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     settings.setdefault("identity", "replica-a")
+    settings.setdefault("debug_endpoints", "on")  # the test client is not on loopback
     app = create_app(ExtenderSettings(kubeconfig=kubeconfig, **settings), kube=make_api(kubeconfig))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, client=("10.0.0.7", 40000))

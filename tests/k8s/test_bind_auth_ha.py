@@ -33,6 +33,7 @@ async def test_bind_writes_the_assignment_with_the_binding_and_is_idempotent(kub
         spec = pod("p1", blocks=2, qos="training")
         kube.add_pod("p1", uid="uid-p1", limits={"edgegpu.io/gpu-mem-block": "2"},
                      annotations={"edgegpu.io/qos": "training"})  # fmt: skip
+        await eventually(lambda: ("default", "p1") in app.state.ctx.sync.pods)
         await client.post("/filter", json=args_names(spec, ["n1"]))
         resp = await client.post("/bind", json=bind_body("p1", "n1"))
         assert resp.json() == {"Error": ""}
@@ -103,7 +104,9 @@ async def test_tokenreview_lets_an_agent_report_for_its_own_node_only(kube, kube
         await ready(app)
 
         async def push(node, token):
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            headers = {"Content-Type": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
             return await client.post(
                 "/v1/telemetry", content=orjson.dumps(report(node)), headers=headers
             )

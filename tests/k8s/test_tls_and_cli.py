@@ -137,7 +137,8 @@ def test_with_a_client_ca_only_the_scheduler_with_its_certificate_reaches_the_ve
         ok = httpx.post(f"{url}/filter", json=body, verify=scheduler)
         assert ok.status_code == 200 and ok.json()["NodeNames"] == ["a"]
         push = httpx.post(f"{url}/v1/telemetry", content=b"{}", verify=server_ca,
-                          headers={"authorization": "Bearer agent-token"})  # fmt: skip
+                          headers={"authorization": "Bearer agent-token",
+                                   "content-type": "application/json"})  # fmt: skip
         assert push.status_code == 422  # reached the telemetry handler: no certificate needed
         stranger = ssl.create_default_context(cafile=str(crt))
         stranger.load_cert_chain(str(crt), str(key))  # a certificate of another CA
