@@ -125,20 +125,23 @@ class ExtenderMetrics:
         )
         self.request_errors = Counter(
             "edgegpu_extender_request_errors_total",
-            "Scheduler requests answered with an error, by verb and kind (malformed, internal).",
+            "Scheduler requests answered with an error, by verb and kind (malformed, too_large, "
+            "busy, timeout, unsupported_media_type, forbidden, internal).",
             ["verb", "kind"],
             registry=registry,
         )
         self.telemetry = Counter(
             "edgegpu_extender_telemetry_reports_total",
             "Telemetry pushes by result (accepted, ignored, invalid, too_large, unauthorized "
-            "(401), forbidden (403), refused: a new node over the most that no Node lists).",
+            "(401), forbidden (403), unsupported_media_type (415), busy (503), late (408), "
+            "refused (429: a new node over the most that no Node lists)).",
             ["result"],
             registry=registry,
         )
         self.binds = Counter(
             "edgegpu_extender_binds_total",
-            "Bind requests by result (bound, no_binder, no_fit, unknown_pod, failed, malformed).",
+            "Bind requests by result (bound, no_binder, no_fit, unknown_pod, foreign_scheduler, "
+            "failed, malformed).",
             ["result"],
             registry=registry,
         )

@@ -179,14 +179,18 @@ _HELM_TLS = """\
 {{- $caCrt = index $bundle.data "ca.crt" }}
 {{- else }}
 {{- $ca := genCA "edgegpu-ca" 3650 }}
-{{- $names := list (printf "edgegpu-extender.%s.svc" $ns) (printf "edgegpu-extender-headless.%s.svc" $ns) }}
+{{- $names := list (printf "edgegpu-extender.%s.svc" $ns)
+      (printf "edgegpu-extender-headless.%s.svc" $ns) }}
 {{- $cert := genSignedCert "edgegpu-extender" nil $names 3650 $ca }}
 {{- $scheduler := genSignedCert "edgegpu-scheduler" nil nil 3650 $ca }}
-{{- $serverData = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
-{{- $clientData = dict "tls.crt" ($scheduler.Cert | b64enc) "tls.key" ($scheduler.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
+{{- $serverData = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)
+      "ca.crt" ($ca.Cert | b64enc) }}
+{{- $clientData = dict "tls.crt" ($scheduler.Cert | b64enc) "tls.key" ($scheduler.Key | b64enc)
+      "ca.crt" ($ca.Cert | b64enc) }}
 {{- $caCrt = $ca.Cert }}
 {{- end }}
-{{- range $name, $data := dict "edgegpu-extender-tls" $serverData "edgegpu-scheduler-tls" $clientData }}
+{{- range $name, $data := dict "edgegpu-extender-tls" $serverData
+      "edgegpu-scheduler-tls" $clientData }}
 apiVersion: v1
 kind: Secret
 metadata:

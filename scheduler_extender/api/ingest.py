@@ -167,7 +167,14 @@ def push(ctx: AppContext, identity: Identity | None, body: bytes) -> tuple[int, 
     checked = admit(ctx, identity, body)
     if not isinstance(checked, Received):
         return checked
-    return answer(ctx, checked.digest.node, ctx.state.ingest(checked))
+    # A credential that can speak for one node only (a token bound to it, an agent pod on it)
+    # cannot invent nodes; pushes without one (loopback, a '*' token) are held to a cap.
+    bound = identity is not None and (identity.node is not None or identity.pod_name is not None)
+    result = ctx.state.ingest(checked, bound_to_node=bound)
+    if result.refused:
+        ctx.metrics.telemetry.labels("refused").inc()
+        return _error(429, result.reason or "refused")
+    return answer(ctx, checked.digest.node, result)
 
 
 async def assignments(

@@ -98,7 +98,7 @@ async def test_freshness_follows_the_extenders_clock_not_the_agents(client, cloc
 async def test_a_fault_while_storing_a_push_is_a_500_with_a_message_not_a_traceback(
     app, client, monkeypatch
 ):
-    def broken(_report):
+    def broken(_report, **_kwargs):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(app.state.ctx.state, "ingest", broken)
