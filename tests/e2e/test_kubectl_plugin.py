@@ -26,10 +26,10 @@ def plugin(cluster: Cluster, url: str, *args: str) -> Any:
 
 
 def test_kubectl_edgegpu_nodes_pods_and_explain(cluster: Cluster, ns: str) -> None:
-    # The extender runs here as a process on loopback, which the API server's service proxy
-    # refuses to reach (endpoints may not be loopback addresses): the plugin talks to it
-    # directly, and reads pods through the API server. The service-proxy path is
-    # tested against the fake API server (tests/k8s/test_kubectl_plugin.py).
+    # The extender runs here as a process on loopback, not in a pod, so there is nothing to
+    # port-forward to: the plugin talks to it directly (--extender-url) and reads pods through
+    # the API server. The port-forward path is tested with a stand-in of the API server's
+    # websocket (tests/security/test_kubectl_reach.py, tests/k8s/test_kubectl_plugin.py).
     url = cluster.extenders[0].url
     cluster.create(cluster.pod("holder", ns, blocks=2, qos="inference"))
     bound = cluster.wait_bound(ns, "holder")
