@@ -215,9 +215,10 @@ def mount(cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container:
 
 
 def remount(value: str, mounts: dict[str, Path]) -> str:
-    """``value`` with a mounted path replaced by its local folder."""
-    for path, local in mounts.items():
-        value = value.replace(path, str(local))
+    """``value`` with a mounted path replaced by its local folder (whole path segments only:
+    /etc/edgegpu is not a part of /etc/edgegpu-tls)."""
+    for path in sorted(mounts, key=len, reverse=True):
+        value = re.sub(re.escape(path) + r"(?=/|$)", str(mounts[path]), value)
     return value
 
 
@@ -319,10 +320,11 @@ class Extender:
 
     def fetch(self, path: str, timeout_s: float = 5.0) -> httpx.Response:
         """GET ``path`` over HTTPS, checking the certificate against its Service's name."""
-        return httpx.get(
-            f"{self.url}{path}", verify=self.context(), timeout=timeout_s,
-            extensions={"sni_hostname": f"edgegpu-extender.{self.namespace}.svc"},
-        )  # fmt: skip
+        with httpx.Client(verify=self.context(), timeout=timeout_s) as client:
+            return client.get(
+                f"{self.url}{path}",
+                extensions={"sni_hostname": f"edgegpu-extender.{self.namespace}.svc"},
+            )
 
     def get(self, path: str) -> Any:
         """GET a JSON endpoint of this replica."""
