@@ -53,6 +53,12 @@ def _values() -> dict[str, Any]:
             "tolerations": [{"operator": "Exists"}],
             "powerControl": True,
             "privileged": True,
+            "protection": {
+                "maxTempC": 85,
+                "coolDownS": 300,
+                "powerSaving": True,
+                "powerSavingThresholdPct": 70,
+            },
         },
         "tls": {"source": "helm"},
         "prometheusNamespace": "monitoring",
@@ -76,7 +82,9 @@ _COMMENTS = {
     "nodeAgent:": "# The DaemonSet on GPU nodes. backend: nvml, amd, intel, jetson or simulated. "
     "KubeEdge edge\n# nodes are tainted: the default toleration takes every taint. "
     "powerControl: false and\n# privileged: false run the agent read-only (it reports, "
-    "it cannot cap a hot GPU).",
+    "it cannot cap a hot GPU).\n# protection: the agent's own "
+    "thermal protection and power saving; the policy may make them\n# stricter, never looser "
+    "(docs/policy.md).",
     "policyName:": "# The GPUSchedulingPolicy the extender follows, and its spec "
     "(docs/policy.md); e.g.\n# remediation: {enabled: true, dryRun: false} turns on the "
     "GPU fault loop.",
@@ -139,6 +147,20 @@ _SUBSTITUTIONS = (
         '{name: EDGEGPU_AGENT_POWER_CONTROL, value: "true"}',
         "{name: EDGEGPU_AGENT_POWER_CONTROL, value: {{ .Values.nodeAgent.powerControl | quote }}}",
     ),
+    *(
+        Value(
+            "node-agent/daemonset.yaml",
+            f'{{name: EDGEGPU_AGENT_{env}, value: "{default}"}}',
+            f"{{name: EDGEGPU_AGENT_{env}, "
+            f"value: {{{{ .Values.nodeAgent.protection.{key} | quote }}}}}}",
+        )
+        for env, key, default in (
+            ("MAX_TEMP_C", "maxTempC", "85"),
+            ("COOL_DOWN_S", "coolDownS", "300"),
+            ("POWER_SAVING", "powerSaving", "true"),
+            ("POWER_SAVING_THRESHOLD_PCT", "powerSavingThresholdPct", "70"),
+        )
+    ),
     Value(
         "node-agent/daemonset.yaml",
         "privileged: true\n",
@@ -164,6 +186,10 @@ _SUBSTITUTIONS = (
 
 
 _HELM_TLS = """\
+{{- if not (has .Values.tls.source (list "helm" "cert-manager" "existing")) }}
+{{- fail (printf "tls.source is %q: it must be helm, cert-manager or existing"
+      .Values.tls.source) }}
+{{- end }}
 {{- if eq .Values.tls.source "helm" }}
 {{- /* Made on first install, kept as they are on upgrades (rotation: docs/install.md). */}}
 {{- $ns := .Release.Namespace }}
@@ -197,6 +223,7 @@ metadata:
   name: {{ $name }}
   namespace: {{ $ns }}
   labels: {app.kubernetes.io/part-of: edgegpu}
+  annotations: {helm.sh/resource-policy: keep}
 type: kubernetes.io/tls
 data:
   {{- toYaml $data | nindent 2 }}
@@ -208,6 +235,7 @@ metadata:
   name: edgegpu-ca
   namespace: {{ $ns }}
   labels: {app.kubernetes.io/part-of: edgegpu}
+  annotations: {helm.sh/resource-policy: keep}
 data:
   ca.crt: {{ $caCrt | quote }}
 {{- end }}

@@ -48,9 +48,10 @@ def _curl_examples(base: str, node: str, metrics_port: int) -> str:
     )
     return f"""
   curl -s {base}/debug/nodes | python3 -m json.tool | head -60
-  curl -s -H 'Content-Type: application/json' {base}/filter -d '{pod}'
-  curl -s -H 'Content-Type: application/json' {base}/prioritize -d '{pod}'
-  curl -s -H 'Content-Type: application/json' {base}/debug/explain -d '{pod}' | python3 -m json.tool | head -60
+  J='Content-Type: application/json'
+  curl -s -H "$J" {base}/filter -d '{pod}'
+  curl -s -H "$J" {base}/prioritize -d '{pod}'
+  curl -s -H "$J" {base}/debug/explain -d '{pod}' | python3 -m json.tool | head -60
   curl -s {base}/debug/policy | python3 -m json.tool
   curl -s {base}/metrics | grep edgegpu_extender_decisions_total
   curl -s 127.0.0.1:{metrics_port}/metrics | grep node_gpu_temperature_celsius

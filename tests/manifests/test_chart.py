@@ -104,6 +104,10 @@ def test_by_default_helm_makes_one_ca_the_extenders_serving_and_the_schedulers_c
     tmp_path: Path,
 ) -> None:
     objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops"))
+    for key in (("Secret", "edge-ops", "edgegpu-extender-tls"),
+                ("Secret", "edge-ops", "edgegpu-scheduler-tls"), ("ConfigMap", "edge-ops", "edgegpu-ca")):  # fmt: skip
+        # Switching tls.source or uninstalling leaves them: a CA copied elsewhere stays valid.
+        assert objects[key]["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     server = objects[("Secret", "edge-ops", "edgegpu-extender-tls")]["data"]
     client = objects[("Secret", "edge-ops", "edgegpu-scheduler-tls")]["data"]
     ca = tmp_path / "bundle.crt"
@@ -140,6 +144,10 @@ def test_with_cert_manager_the_chart_asks_for_the_certificates_the_manifests_ask
     existing = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
                               "--set", "tls.source=existing"))  # fmt: skip
     assert not [k for k in existing if k[0] in ("Secret", "Certificate", "Issuer")]
+    typo = subprocess.run([build_go_tool(*HELM), "template", "edge", str(CHART),
+                           "--set", "tls.source=cert-manger"],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert typo.returncode != 0 and "must be helm, cert-manager or existing" in typo.stderr
 
 
 def test_other_values_render_valid_objects_that_carry_them():
@@ -155,6 +163,8 @@ def test_other_values_render_valid_objects_that_carry_them():
             "--set", "policy.thermalThrottling.maxTemp=80",
             "--set", "policy.remediation.enabled=true",
             "--set", "prometheusNamespace=observability",
+            "--set", "nodeAgent.protection.powerSaving=false",
+            "--set", "nodeAgent.protection.maxTempC=80",
         )
     )  # fmt: skip
     for (kind, _, _), obj in objects.items():
@@ -176,6 +186,9 @@ def test_other_values_render_valid_objects_that_carry_them():
     assert (
         "--extender-urls=https://edgegpu-extender-headless.edge-ops.svc:8888" in container["args"]
     )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EDGEGPU_AGENT_POWER_SAVING"] == "false"
+    assert env["EDGEGPU_AGENT_MAX_TEMP_C"] == "80"
     policy_rule = objects[("NetworkPolicy", "edge-ops", "edgegpu-extender")]["spec"]["ingress"][0]
     (prometheus,) = [f for f in policy_rule["from"] if "namespaceSelector" in f]
     assert prometheus["namespaceSelector"]["matchLabels"] == {
@@ -215,7 +228,7 @@ def test_the_second_scheduler_calls_the_extender_with_mtls_and_agents_get_the_ca
     assert serving["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     agent = objects[("DaemonSet", "edge-ops", "edgegpu-node-agent")]["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in agent["volumes"]}
-    assert volumes["ca"] == {"name": "ca", "configMap": {"name": "edgegpu-ca"}}
+    assert volumes["ca"] == {"name": "ca", "configMap": {"name": "edgegpu-ca", "optional": True}}
     assert not [v for v in agent["volumes"] if "secret" in v]  # never a private key on a node
     (token,) = volumes["token"]["projected"]["sources"]
     assert token["serviceAccountToken"]["audience"] == "edgegpu"

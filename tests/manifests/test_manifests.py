@@ -323,3 +323,17 @@ async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exp
 def test_the_crd_is_the_one_generated_from_the_policy_model():
     # `make crd` writes it; a policy field added without regenerating fails here.
     assert (MANIFESTS / "crd" / "gpuschedulingpolicies.yaml").read_text() == crd.render()
+
+
+def test_the_extender_and_the_scheduler_never_run_on_an_edge_node():
+    """A node's kubelet may read the Secrets of its pods: the keys stay off edge nodes."""
+    for name in ("edgegpu-extender", "edgegpu-scheduler"):
+        pod = by_kind("Deployment", name)["spec"]["template"]["spec"]
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert {"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"} in term[
+            "matchExpressions"
+        ]
+    agent = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]
+    assert not [v for v in agent["volumes"] if "secret" in v]
