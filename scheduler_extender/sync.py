@@ -274,6 +274,14 @@ class ClusterSync:
             self._policy_event("DELETED", {"metadata": {"name": self.policy_name}})
         self._applied[POLICY_PLURAL] = True
 
+    @property
+    def policy_refused(self) -> bool:
+        """The custom resource is there but refused, and no version of it was ever taken.
+
+        The replica would be serving its start-up policy instead of the cluster's.
+        """
+        return bool(self.policy_errors) and self.policy_generation is None
+
     def _policy_event(self, kind: str, doc: JsonDict) -> None:
         if doc["metadata"].get("name") != self.policy_name:
             return

@@ -46,8 +46,12 @@ class AppContext:
 
     @property
     def ready(self) -> bool:
-        """Policy loaded and, with a cluster, every cache listed at least once."""
-        return self.sync is None or self.sync.synced
+        """Policy loaded; with a cluster, every cache listed once and the cluster's policy in force.
+
+        A replica that starts while that policy is refused is not ready: it would decide with
+        other rules than the replicas already running.
+        """
+        return self.sync is None or (self.sync.synced and not self.sync.policy_refused)
 
     @property
     def leader(self) -> bool | None:

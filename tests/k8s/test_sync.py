@@ -208,3 +208,19 @@ async def test_host_room_is_allocatable_less_the_requests_of_bound_unfinished_po
         kube.add_node("n1", allocatable={"cpu": "8", "memory": "oops"})
         await eventually(lambda: state.host.free("n1")[0] == 8_000)
         assert state.host.free("n1")[1] != state.host.free("n1")[1]  # unreadable: NaN
+
+
+async def test_a_replica_that_starts_while_the_policy_is_refused_is_not_ready_until_it_is_fixed(
+    kube, kubeconfig
+):
+    """It would serve its start-up policy (another block size, other limits) beside replicas
+    that run the cluster's: not ready, so its rollout stops where everyone can see it."""
+    kube.put("gpuschedulingpolicies", {**SEED, "spec": {**SEED["spec"], "memory": {"blockMiB": 1}}})
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.sync is not None and app.state.ctx.sync.synced)
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert any("blockMiB" in e for e in ready.json()["policy_errors"])
+        kube.put("gpuschedulingpolicies", SEED)
+        await eventually(lambda: app.state.ctx.ready)
+        assert (await client.get("/readyz")).status_code == 200
