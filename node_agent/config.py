@@ -109,13 +109,13 @@ class AgentSettings(BaseSettings):
         70.0,
         ge=0,
         le=100,
-        description="% utilisation below which a GPU counts as idle (the extender's policy may "
-        "lower it, not raise it).",
+        description="% utilisation below which a GPU counts as idle, so power saving engages "
+        "(the extender's policy may raise it, not lower it, while power saving is on).",
     )
     accept_looser_policy: bool = Field(
         False,
         description="Follow the extender's policy even where it is looser than the four "
-        "settings above (a higher maxTemp, a shorter cool-down, power saving off, a higher "
+        "settings above (a higher maxTemp, a shorter cool-down, power saving off, a lower "
         "threshold); off = held at these settings, counted in "
         'edgegpu_agent_answer_fields_ignored_total{reason="looser"}.',
     )

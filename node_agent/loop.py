@@ -44,13 +44,18 @@ DEFAULT_HOT_THRESHOLD_C = 85.0
 
 log = logging.getLogger("node_agent")
 
-_STRICTER: dict[str, tuple[str, Callable[[float, float], float]]] = {
-    "max_temp_c": ("max_temp_c", min),
-    "cool_down_s": ("cool_down_s", max),
-    "power_saving_threshold_pct": ("threshold_pct", min),
+_STRICTER: dict[str, tuple[Callable[[power.PowerArgs], float], Callable[[float, float], float]]] = {
+    "max_temp_c": (lambda flags: flags.max_temp_c, min),
+    "cool_down_s": (lambda flags: flags.cool_down_s, max),
+    # Saving engages under the threshold, so a higher one saves on more GPUs; saving switched
+    # off saves as little as a threshold of 0.
+    "power_saving_threshold_pct": (
+        lambda flags: flags.threshold_pct if flags.saving_enabled else 0.0,
+        max,
+    ),
 }
-"""Each number of the policy that bounds local protection: the flag it is held to, and which
-of the two is stricter (a lower maxTemp, a longer cool-down, a lower saving threshold)."""
+"""Each number of the policy that bounds local protection: the flags' value it is held to, and
+which of the two is stricter (a lower maxTemp, a longer cool-down, a higher saving threshold)."""
 
 
 def within_flags(
@@ -66,9 +71,9 @@ def within_flags(
     if accept_looser:
         return out, ()
     looser = []
-    for key, (flag_name, stricter) in _STRICTER.items():
+    for key, (flag_value, stricter) in _STRICTER.items():
         if key in policy:
-            value, flag = float(policy[key]), float(getattr(flags, flag_name))
+            value, flag = float(policy[key]), float(flag_value(flags))
             out[key] = stricter(value, flag)
             if out[key] != value:
                 looser.append(key)

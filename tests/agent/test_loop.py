@@ -12,7 +12,7 @@ from node_agent.backends.nvml import NvmlBackend
 from node_agent.backends.simulated import SimulatedBackend
 from node_agent.exporter import AgentMetrics
 from node_agent.health import HealthArgs
-from node_agent.loop import Agent
+from node_agent.loop import Agent, within_flags
 from node_agent.power import PowerArgs
 from node_agent.push import FlappingLinkTransport, Pusher
 from scheduler_extender.api.app import create_app
@@ -436,20 +436,63 @@ async def test_the_policy_in_the_answer_drives_local_protection_and_bad_values_a
 async def test_a_looser_policy_is_followed_only_with_accept_looser_policy():
     clock = Clock()
     policy = {"max_temp_c": 95.0, "cool_down_s": 60.0, "power_saving": False,
-              "power_saving_threshold_pct": 90.0}  # fmt: skip
+              "power_saving_threshold_pct": 40.0}  # fmt: skip
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"accepted": True, "policy": policy})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         for accept, expected in [(False, (85.0, 300.0, True, 70.0)),
-                                 (True, (95.0, 60.0, False, 90.0))]:  # fmt: skip
+                                 (True, (95.0, 60.0, False, 40.0))]:  # fmt: skip
             agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock),
                                power_args=PowerArgs(), accept_looser_policy=accept)  # fmt: skip
             await agent.round()
             p = agent.power_args
             assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == expected
             assert agent.health_args.max_temp_c == expected[0]
+
+
+SAVING_AT_70 = PowerArgs(max_temp_c=85.0, cool_down_s=300.0, saving_enabled=True,
+                         threshold_pct=70.0)  # fmt: skip
+SAVING_OFF = PowerArgs(max_temp_c=85.0, cool_down_s=300.0, saving_enabled=False,
+                       threshold_pct=70.0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "policy", "followed", "looser"),
+    [
+        pytest.param(SAVING_AT_70, {"power_saving_threshold_pct": 90.0},
+                     {"power_saving_threshold_pct": 90.0}, (),
+                     id="a higher saving threshold saves on more gpus and is followed"),
+        pytest.param(SAVING_AT_70, {"power_saving_threshold_pct": 40.0},
+                     {"power_saving_threshold_pct": 70.0}, ("power_saving_threshold_pct",),
+                     id="a lower saving threshold is held at the flag"),
+        pytest.param(SAVING_AT_70, {"power_saving_threshold_pct": 0.0},
+                     {"power_saving_threshold_pct": 70.0}, ("power_saving_threshold_pct",),
+                     id="a threshold of 0 cannot switch saving off"),
+        pytest.param(SAVING_OFF, {"power_saving": True, "power_saving_threshold_pct": 40.0},
+                     {"power_saving": True, "power_saving_threshold_pct": 40.0}, (),
+                     id="saving switched on at any threshold is stricter than saving off"),
+        pytest.param(SAVING_AT_70, {"power_saving": False}, {"power_saving": True},
+                     ("power_saving",), id="saving switched off is held on"),
+        pytest.param(SAVING_AT_70, {"max_temp_c": 95.0, "cool_down_s": 60.0},
+                     {"max_temp_c": 85.0, "cool_down_s": 300.0}, ("max_temp_c", "cool_down_s"),
+                     id="a higher max temp and a shorter cool-down are held at the flags"),
+        pytest.param(SAVING_AT_70, {"max_temp_c": 70.0, "cool_down_s": 900.0},
+                     {"max_temp_c": 70.0, "cool_down_s": 900.0}, (),
+                     id="a lower max temp and a longer cool-down are followed"),
+        pytest.param(SAVING_AT_70, {"memory_block_mib": 512.0}, {"memory_block_mib": 512.0}, (),
+                     id="the block size is no protection and passes"),
+    ],
+)  # fmt: skip
+def test_the_extenders_policy_is_followed_where_stricter_than_the_flags_and_held_where_looser(
+    flags: PowerArgs,
+    policy: dict[str, float | bool],
+    followed: dict[str, float | bool],
+    looser: tuple[str, ...],
+) -> None:
+    assert within_flags(policy, flags) == (followed, looser)
+    assert within_flags(policy, flags, accept_looser=True) == (policy, ())
 
 
 async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_push():

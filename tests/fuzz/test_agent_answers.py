@@ -16,7 +16,7 @@ import os
 import re
 
 import httpx
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
@@ -69,8 +69,15 @@ asks = st.one_of(
     texts,
     st.fixed_dictionaries({}, optional={"id": texts | json_values, "boot": texts | json_values}),
 )
+in_range = {
+    **{key: st.floats(*bounds) for key, bounds in POLICY_RANGES.items()},
+    "memory_block_mib": st.integers(*map(int, POLICY_RANGES["memory_block_mib"])),
+    "power_saving": st.booleans(),
+}
+"""A valid value for each field of an answer's policy."""
 policies = st.one_of(
     json_values,
+    st.fixed_dictionaries({}, optional=in_range),
     st.fixed_dictionaries(
         {},
         optional={
@@ -113,8 +120,19 @@ def _within(value: float, bounds: tuple[float, float]) -> bool:
     return math.isfinite(value) and bounds[0] <= value <= bounds[1]
 
 
+def _saving_threshold(enabled: bool, threshold_pct: float) -> float:
+    """The utilisation under which power saving engages: 0 (never) while it is off."""
+    return threshold_pct if enabled else 0.0
+
+
+SAVING_OFF = json.dumps({"policy": {"power_saving": False}}).encode()
+LOWER_THRESHOLD = json.dumps({"policy": {"power_saving_threshold_pct": 0}}).encode()
+
+
 @FUZZ
 @given(body=bodies, flags=flags)
+@example(body=SAVING_OFF, flags=PowerArgs(saving_enabled=True, threshold_pct=70.0))
+@example(body=LOWER_THRESHOLD, flags=PowerArgs(saving_enabled=True, threshold_pct=70.0))
 def test_no_answer_makes_the_agent_raise_take_a_value_out_of_range_or_loosen_its_protection(
     body: bytes, flags: PowerArgs
 ) -> None:
@@ -138,10 +156,12 @@ def test_no_answer_makes_the_agent_raise_take_a_value_out_of_range_or_loosen_its
     bounded, _ = within_flags(policy, flags)
     assert float(bounded.get("max_temp_c", flags.max_temp_c)) <= flags.max_temp_c
     assert float(bounded.get("cool_down_s", flags.cool_down_s)) >= flags.cool_down_s
-    assert (
-        float(bounded.get("power_saving_threshold_pct", flags.threshold_pct)) <= flags.threshold_pct
+    saving = bool(bounded.get("power_saving", flags.saving_enabled))
+    assert saving or not flags.saving_enabled
+    threshold = float(bounded.get("power_saving_threshold_pct", flags.threshold_pct))
+    assert _saving_threshold(saving, threshold) >= _saving_threshold(
+        flags.saving_enabled, flags.threshold_pct
     )
-    assert bounded.get("power_saving", flags.saving_enabled) or not flags.saving_enabled
 
 
 async def _two_rounds(body: bytes, flags: PowerArgs) -> Agent:
@@ -169,12 +189,16 @@ async def _two_rounds(body: bytes, flags: PowerArgs) -> Agent:
 
 @FUZZ
 @given(body=bodies, flags=flags)
+@example(body=LOWER_THRESHOLD, flags=PowerArgs(saving_enabled=True, threshold_pct=70.0))
 def test_no_answer_stops_the_agent_pushing_or_loosens_the_protection_it_runs_with(
     body: bytes, flags: PowerArgs
 ) -> None:
     agent = asyncio.run(_two_rounds(body, flags))
     p = agent.power_args
     assert p.max_temp_c <= flags.max_temp_c and agent.health_args.max_temp_c <= flags.max_temp_c
-    assert p.cool_down_s >= flags.cool_down_s and p.threshold_pct <= flags.threshold_pct
+    assert p.cool_down_s >= flags.cool_down_s
     assert p.saving_enabled or not flags.saving_enabled
+    assert _saving_threshold(p.saving_enabled, p.threshold_pct) >= _saving_threshold(
+        flags.saving_enabled, flags.threshold_pct
+    )
     assert agent.block_mib >= 256

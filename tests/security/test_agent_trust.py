@@ -148,7 +148,7 @@ async def test_each_bad_field_of_an_answer_is_ignored_and_counted_while_the_rest
             "max_temp_c": 1000,
             "cool_down_s": 600,
             "power_saving": "no",
-            "power_saving_threshold_pct": 50,
+            "power_saving_threshold_pct": 90,
             "memory_block_mib": 16,
         },
         "lend_blocks": {"GPU-x": 2, "GPU-y": 10**9, "GPU-\n": 1, "GPU-z": True},
@@ -162,7 +162,7 @@ async def test_each_bad_field_of_an_answer_is_ignored_and_counted_while_the_rest
     assert result == {"http://x": "ok"}
     assert agent._boost == frozenset({1})
     assert agent.hot_threshold_c == 80.0
-    assert protection(agent) == (85, 600, True, 50)
+    assert protection(agent) == (85, 600, True, 90)
     assert agent.block_mib == 4096  # 16 MiB blocks: under the 256 MiB least
     assert agent._lend == {"GPU-x": 2}
     assert agent._testing is None and agent.self_test is None
@@ -189,7 +189,7 @@ async def test_a_looser_policy_in_an_answer_cannot_turn_local_protection_off() -
     clock = Clock()
     answer = {"accepted": True, "policy": {"max_temp_c": 150, "cool_down_s": 86_400,
                                            "power_saving": False,
-                                           "power_saving_threshold_pct": 100}}  # fmt: skip
+                                           "power_saving_threshold_pct": 0}}  # fmt: skip
     async with httpx.AsyncClient(transport=httpx.MockTransport(answering(answer))) as client:
         agent = make_agent(client, clock)
         await rounds(agent, clock, 2)
@@ -203,19 +203,20 @@ async def test_a_looser_policy_in_an_answer_cannot_turn_local_protection_off() -
 
 async def test_a_stricter_policy_is_followed_and_a_looser_one_later_is_held_at_the_flags() -> None:
     clock = Clock()
+    # Power saving engages under its threshold: a higher threshold saves more.
     stricter = {"max_temp_c": 70, "cool_down_s": 900, "power_saving": True,
-                "power_saving_threshold_pct": 40}  # fmt: skip
+                "power_saving_threshold_pct": 90}  # fmt: skip
     looser = {"max_temp_c": 95, "cool_down_s": 60, "power_saving": False,
-              "power_saving_threshold_pct": 90}  # fmt: skip
+              "power_saving_threshold_pct": 40}  # fmt: skip
     handler = answering({"policy": stricter}, {"policy": looser})
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         agent = make_agent(client, clock, power_args=PowerArgs(max_temp_c=80, cool_down_s=120,
-                                                               saving_enabled=False,
+                                                               saving_enabled=True,
                                                                threshold_pct=60))  # fmt: skip
         await rounds(agent, clock, 1)
-        assert protection(agent) == (70, 900, True, 40)
+        assert protection(agent) == (70, 900, True, 90)
         await rounds(agent, clock, 1)
-        assert protection(agent) == (80, 120, False, 60)
+        assert protection(agent) == (80, 120, True, 60)
 
 
 def test_following_a_looser_policy_takes_an_explicit_flag_and_is_off_by_default(
