@@ -1,6 +1,7 @@
 """Command line: ``gpu-node-agent`` / ``python -m node_agent``.
 
-A backend that cannot open exits with status 2 and one line saying why and what to do.
+A backend that cannot open exits with status 2 and one line saying why and what to do; an
+extender that cannot be reached safely stops the pushes only, never local protection.
 SIGTERM and SIGINT stop the loop cleanly.
 """
 
@@ -29,7 +30,7 @@ from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
-from node_agent.push import FlappingLinkTransport, Pusher
+from node_agent.push import ExtenderCa, FlappingLinkTransport, Pusher
 from node_agent.state import StateFile
 from scheduler_extender import logs
 from scheduler_extender.flags import SettingsCli
@@ -90,22 +91,42 @@ def _backend(settings: AgentSettings) -> GpuBackend:
     return load_backend(settings.backend, **options)
 
 
-def extender_tls(settings: AgentSettings) -> ssl.SSLContext | bool:
-    """How the extender's certificate is checked on https: always, against ``ca_file`` if set.
+def extender_ca(settings: AgentSettings) -> ExtenderCa | None:
+    """The CA the extender's certificate is checked against on https; None: the public CAs.
 
-    Raises OSError or ssl.SSLError for a CA file that cannot be read.
+    The file is read now; while it cannot be, that is logged once and no https push is made.
     """
     if settings.ca_file is None:
-        return True  # httpx's bundle, with the host name checked
-    return ssl.create_default_context(cafile=str(settings.ca_file))
+        return None
+    ca = ExtenderCa(settings.ca_file)
+    ca.ready()
+    return ca
 
 
-def extender_client(settings: AgentSettings, verify: ssl.SSLContext | bool) -> httpx.AsyncClient:
-    """The client of every push and assignments lookup."""
+def extender_client(settings: AgentSettings, ca: ExtenderCa | None) -> httpx.AsyncClient:
+    """The client of every push and assignments lookup: certificates always checked."""
+    verify: ssl.SSLContext | bool = ca.context if ca is not None else True  # True: httpx's CAs
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(retries=0, verify=verify)
     if settings.backend == "simulated" and settings.scenario == "flapping-link":
         transport = FlappingLinkTransport(transport, time.monotonic)
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0))
+
+
+def extender_pusher(
+    settings: AgentSettings, client: httpx.AsyncClient, ca: ExtenderCa | None
+) -> Pusher | None:
+    """The pushes to every extender URL configured; None when there is none."""
+    if not settings.extender_urls:
+        return None
+    return Pusher(
+        settings.extender_urls,
+        client,
+        clock=time.monotonic,
+        token_file=settings.token_file,
+        resolve_all=settings.resolve_all,
+        ca=ca,
+        server_name=settings.tls_server_name,
+    )
 
 
 async def _nobody() -> None:
@@ -116,24 +137,14 @@ async def _run(
     settings: AgentSettings,
     ns: argparse.Namespace,
     backend: GpuBackend,
-    verify: ssl.SSLContext | bool,
+    ca: ExtenderCa | None,
 ) -> int:
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry, settings.node_name)
     if settings.metrics_port and not ns.once:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
-    async with extender_client(settings, verify) as client:
-        pusher = (
-            Pusher(
-                settings.extender_urls,
-                client,
-                clock=time.monotonic,
-                token_file=settings.token_file,
-                resolve_all=settings.resolve_all,
-            )
-            if settings.extender_urls
-            else None
-        )
+    async with extender_client(settings, ca) as client:
+        pusher = extender_pusher(settings, client, ca)
         agent = Agent(
             backend,
             node=settings.node_name,
@@ -220,11 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings, ns = parsed
     logs.setup(ns.log_level)
-    try:
-        verify = extender_tls(settings)
-    except (OSError, ssl.SSLError) as exc:
-        print(f"gpu-node-agent: ca_file {settings.ca_file}: {exc}", file=sys.stderr)
-        return 2
     plain = [u for u in settings.extender_urls if u.startswith("http://")]
     if plain and settings.token_file is not None:
         log.warning("pushing to %s over plain http: the token and the answers are not "
@@ -243,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
         verdict["node"] = settings.node_name
         print(json.dumps(verdict, indent=2))
         return 0 if verdict["verdict"] == "pass" else 1
-    return asyncio.run(_run(settings, ns, backend, verify))
+    return asyncio.run(_run(settings, ns, backend, extender_ca(settings)))

@@ -6,6 +6,7 @@ Validated once at start-up; every error is listed at once (exit status 2).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +17,12 @@ from node_agent.health import DEFAULT_FATAL_XIDS
 from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
 from node_agent.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
 from scheduler_extender.telemetry.schema import Labels
+
+_DNS_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+"""A host name as a certificate names it: dot-separated labels of at most 63 characters."""
 
 
 class AgentSettings(BaseSettings):
@@ -34,8 +41,15 @@ class AgentSettings(BaseSettings):
     ca_file: Path | None = Field(
         None,
         description="CA bundle that signed the extender's certificate (https URLs; the "
-        "certificate is always checked, and must name the URL's host); unset = the public CAs "
-        "(certifi's bundle, or $SSL_CERT_FILE).",
+        "certificate is always checked, and must name the URL's host or --tls-server-name). "
+        "While it cannot be read no https push is made, and it is read again at every push; "
+        "unset = the public CAs (certifi's bundle, or $SSL_CERT_FILE).",
+    )
+    tls_server_name: str | None = Field(
+        None,
+        description="The name every extender's certificate must hold (and the TLS server "
+        "name sent), whatever host the URL names: an extender reached by a NodePort or "
+        "LoadBalancer address, e.g. edgegpu-extender.<namespace>.svc; unset = the URL's host.",
     )
     resolve_all: bool = Field(
         False, description="Push to every address the URLs' hosts resolve to (headless Service)."
@@ -156,6 +170,13 @@ class AgentSettings(BaseSettings):
         if isinstance(data, dict) and not data.get("node_name") and os.environ.get("NODE_NAME"):
             return {**data, "node_name": os.environ["NODE_NAME"]}
         return data
+
+    @field_validator("tls_server_name")
+    @classmethod
+    def _server_name(cls, name: str | None) -> str | None:
+        if name is not None and not _DNS_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a DNS name")
+        return name
 
     @field_validator("extender_urls")
     @classmethod

@@ -4,7 +4,8 @@ Replicas are the URLs given, or, with ``resolve_all``, every address their host 
 to (a headless Service's DNS name lists every extender pod). Each round sends the latest
 report; a replica in backoff is skipped, so when a link comes back it gets the newest state,
 never a backlog. An answer is read up to a size cap, and each of its fields is checked on its
-own (``read_answer``). Imports httpx and the standard library.
+own (``read_answer``). An https push is made only with the extender's CA in hand (``ExtenderCa``).
+Imports httpx and the standard library.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import random
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,9 @@ past it the answer is dropped unread and the push counts as failed."""
 ANSWER_TIMEOUT_S = 10.0
 """How long one push may take in all, answer included (httpx's timeouts bound each read, not
 an answer dripped in slowly)."""
+RESOLVE_TIMEOUT_S = 3.0
+"""How long the lookup of an extender's host name may take (``resolve_all``); past it the round
+goes on with the name's last addresses, or counts its URL as failed when it has none."""
 _ID = re.compile(r"[\x21-\x7e]{1,64}")
 """A request id: printable ASCII with no space (it is written into the reboot sentinel)."""
 _BOOT = re.compile(r"[\x21-\x7e]{1,128}")
@@ -239,8 +244,8 @@ class _Target:
     host: str | None = None
     """Host header to send when ``url`` names an address instead of the configured host."""
     server_name: str | None = None
-    """The configured host name, for TLS (SNI and the certificate check) when ``url`` names an
-    address."""
+    """The name the certificate must hold, sent as SNI: ``--tls-server-name``, else the
+    configured host name when ``url`` names an address; None = the host ``url`` names."""
     failures: int = 0
     next_at: float = 0.0
     last_error: str = ""
@@ -275,6 +280,53 @@ class PushOutcome:
     """The answer fields ignored as invalid this round, once per answer that had them."""
 
 
+class ExtenderCa:
+    """The CA that signed the extender's certificate, from a file that may appear late.
+
+    ``context`` checks every certificate against this CA alone, and the host name too: until
+    the file can be read it trusts no certificate, and no https push is made (``ready``). Once
+    read, the CA is kept while the agent runs.
+    """
+
+    def __init__(self, ca_file: Path) -> None:
+        self.ca_file = ca_file
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # host name and chain checked
+        # The checks ssl.create_default_context makes, without the CAs it loads.
+        self.context.verify_flags = ssl.create_default_context().verify_flags
+        self.loaded = False
+        self._said = ""
+
+    def ready(self) -> str | None:
+        """None once the CA is loaded; else why https pushes are off. Reads the file again.
+
+        The first failure is logged, and each new one; the recovery once.
+        """
+        if self.loaded:
+            return None
+        try:
+            # The whole file is read into a scratch context first: a file the context takes
+            # only part of must not leave it half loaded.
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=self.ca_file)
+            self.context.load_verify_locations(cafile=self.ca_file)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            why = f"ca_file {self.ca_file} cannot be read ({_reason(exc)})"
+            if why != self._said:
+                log.error("%s: no push to an https extender until it can be (it is read "
+                          "again at every push); local protection goes on", why)  # fmt: skip
+                self._said = why
+            return why
+        self.loaded = True
+        if self._said:
+            log.warning("ca_file %s read: pushing to https extenders", self.ca_file)
+        return None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 class Pusher:
     """Pushes report bodies to a list of extender URLs."""
 
@@ -291,11 +343,33 @@ class Pusher:
         resolve_all: bool = False,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        ca: ExtenderCa | None = None,
+        server_name: str | None = None,
+        resolver: Callable[[str, int], Awaitable[Sequence[str]]] | None = None,
+        resolve_timeout_s: float = RESOLVE_TIMEOUT_S,
     ) -> None:
+        """Pushes to ``urls`` through ``client``.
+
+        ``ca``: the CA an https push waits for (None: the client's own trust).
+        ``server_name``: the name every extender's certificate is checked against, whatever
+        host its URL names (None: that host). ``resolver``: a host name and port → its
+        addresses (``resolve_all``; the system's resolver by default).
+        """
         self._urls = list(urls)
-        self._targets = [_Target(u, u.rstrip("/") + "/v1/telemetry") for u in urls]
+        self._targets = [
+            _Target(u, u.rstrip("/") + "/v1/telemetry", server_name=server_name) for u in urls
+        ]
         self._resolve_all = resolve_all
         self._resolved: dict[str, _Target] = {}
+        self._ca = ca
+        self._server_name = server_name
+        self._resolver = resolver or _addresses
+        self._resolve_timeout_s = resolve_timeout_s
+        self._lookups: dict[tuple[str, int], asyncio.Future[Sequence[str]]] = {}
+        """Lookups still running, by host and port: a round that finds one waits for it again
+        rather than start another."""
+        self._unresolved: dict[str, str] = {}
+        """By URL: why its host did not resolve in the last round (said once)."""
         self._client = client
         self._clock = clock
         self._token_file = token_file
@@ -327,26 +401,40 @@ class Pusher:
                 headers["authorization"] = f"Bearer {token}"
         return headers
 
-    async def _replicas(self) -> list[_Target]:
-        """Every address each URL's host resolves to (a headless Service lists every replica).
+    async def _replicas(self) -> tuple[list[_Target], list[str]]:
+        """Every replica, and the URLs whose host gave no address this round.
+
+        A replica is each address a URL's host resolves to (a headless Service lists them all).
 
         Backoff is kept per address; an address that stops resolving is dropped, a new one
-        starts fresh. A name that does not resolve at all keeps its last addresses.
+        starts fresh. A name that does not resolve at all, or not within
+        ``resolve_timeout_s``, keeps its last addresses.
         """
-        loop = asyncio.get_running_loop()
         targets: list[_Target] = []
+        unresolved: list[str] = []
         for base in self._urls:
             parts = urlsplit(base)
             host = parts.hostname or ""
             port = parts.port or (443 if parts.scheme == "https" else 80)
             mine = {k: t for k, t in self._resolved.items() if k.startswith(base + "@")}
             try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                log.warning("cannot resolve %s: %s", host, exc)
+                addresses = sorted(set(await self._resolve(host, port)))
+            except (OSError, TimeoutError) as exc:
+                why = (
+                    f"no answer within {self._resolve_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else str(exc)
+                )
+                if self._unresolved.get(base) != why:
+                    log.warning("cannot resolve %s: %s%s", host, why,
+                                "; pushing to its last addresses" if mine else "")  # fmt: skip
+                    self._unresolved[base] = why
                 targets += mine.values()
+                if not mine:
+                    unresolved.append(base)
                 continue
-            addresses = sorted({str(info[4][0]) for info in infos})
+            if self._unresolved.pop(base, None) is not None:
+                log.info("%s resolves again", host)
             for stale in set(mine) - {f"{base}@{a}" for a in addresses}:
                 del self._resolved[stale]
             for address in addresses:
@@ -355,14 +443,36 @@ class Pusher:
                     shown = f"[{address}]" if ":" in address else address
                     url = urlunsplit((parts.scheme, f"{shown}:{port}", parts.path, "", ""))
                     self._resolved[key] = _Target(
-                        key, url.rstrip("/") + "/v1/telemetry", parts.netloc, host
+                        key,
+                        url.rstrip("/") + "/v1/telemetry",
+                        parts.netloc,
+                        self._server_name or host,
                     )
                 targets.append(self._resolved[key])
-        return targets
+        return targets, unresolved
+
+    async def _resolve(self, host: str, port: int) -> Sequence[str]:
+        """``host``'s addresses, waited for ``resolve_timeout_s`` at most.
+
+        Raises OSError, or TimeoutError when the lookup takes longer; that lookup goes on and
+        the next round waits for it rather than start another.
+        """
+        lookup = self._lookups.get((host, port))
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._resolver(host, port))
+            lookup.add_done_callback(_retrieved)
+            self._lookups[(host, port)] = lookup
+        try:
+            return await asyncio.wait_for(asyncio.shield(lookup), self._resolve_timeout_s)
+        finally:
+            if lookup.done():
+                self._lookups.pop((host, port), None)
 
     async def _one(
-        self, target: _Target, body: bytes, headers: dict[str, str]
+        self, target: _Target, body: bytes, headers: dict[str, str], ca_missing: str | None
     ) -> tuple[PushResult, Answer | None]:
+        if _waits_for_ca(target, ca_missing):
+            return "failed", None  # said by the CA once; no backoff, so it starts at once
         now = self._clock()
         if now < target.next_at:
             return "backoff", None
@@ -414,7 +524,9 @@ class Pusher:
 
         async def lookup() -> list[Assigned] | None:
             headers = self._headers()
-            targets = await self._replicas() if self._resolve_all else self._targets
+            targets = (await self._replicas())[0] if self._resolve_all else self._targets
+            ca_missing = self._ca.ready() if self._ca is not None else None
+            targets = [t for t in targets if not _waits_for_ca(t, ca_missing)]
             answers = await asyncio.gather(*(self._assignments(t, node, headers) for t in targets))
             found = [rows for rows in answers if rows is not None]
             if not found:
@@ -473,8 +585,9 @@ class Pusher:
     async def push(self, body: bytes) -> PushOutcome:
         """Send one report body to every URL that is not backing off, concurrently."""
         headers = self._headers()
-        targets = await self._replicas() if self._resolve_all else self._targets
-        done = await asyncio.gather(*(self._one(t, body, headers) for t in targets))
+        targets, unresolved = await self._replicas() if self._resolve_all else (self._targets, [])
+        ca_missing = self._ca.ready() if self._ca is not None else None
+        done = await asyncio.gather(*(self._one(t, body, headers, ca_missing) for t in targets))
         answers = [a for _, a in done if a is not None]
         boost: frozenset[int] = frozenset().union(*(a.performance_gpus for a in answers))
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
@@ -488,8 +601,10 @@ class Pusher:
                 lends.append(t.lend)
         # A replica behind on a pod's use may still lend what another already took back.
         lend = {u: min(d.get(u, 0) for d in lends) for u in lends[0]} if lends else {}
+        results: dict[str, PushResult] = {base: "failed" for base in unresolved}
+        results.update({t.base: r for t, (r, _) in zip(targets, done, strict=True)})
         return PushOutcome(
-            {t.base: r for t, (r, _) in zip(targets, done, strict=True)},
+            results,
             boost,
             min(told) if told else None,
             asks,
@@ -598,6 +713,23 @@ class FlappingLinkTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+def _waits_for_ca(target: _Target, ca_missing: str | None) -> bool:
+    """Whether ``target`` is https while the extender's CA cannot be read."""
+    return ca_missing is not None and target.url.startswith("https://")
+
+
 def _tls_name(target: _Target) -> dict[str, str]:
-    """For a replica reached by address: the host name its certificate must name."""
+    """The name the replica's certificate must hold, where it is not the host its URL names."""
     return {"sni_hostname": target.server_name} if target.server_name else {}
+
+
+async def _addresses(host: str, port: int) -> list[str]:
+    """The addresses the system's resolver gives ``host``. Raises OSError."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def _retrieved(lookup: asyncio.Future[Sequence[str]]) -> None:
+    """Marks a lookup's error as seen: one that ends after every round gave up on it is not."""
+    if not lookup.cancelled():
+        lookup.exception()

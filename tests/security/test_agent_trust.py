@@ -8,6 +8,7 @@ import asyncio
 import json
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.cli import command_line, extender_client, extender_tls
+from node_agent.cli import command_line, extender_ca, extender_client, extender_pusher
 from node_agent.config import AgentSettings
 from node_agent.deviceplugin import api_pb2
 from node_agent.deviceplugin.plugin import Assigned, BlockPlugin, GpuBlocks
@@ -431,18 +432,25 @@ def certificate(folder: Path, name: str, alt: str) -> tuple[Path, Path]:
     return crt, key
 
 
-@pytest.fixture
-def https_extender(tmp_path: Path) -> Iterator[Callable[[str], Any]]:
-    """Starts an HTTPS server answering pushes with a certificate for ``alt``; yields its port."""
-    servers: list[asyncio.Server] = []
+class HttpsExtender:
+    """HTTPS servers on 127.0.0.1 answering every push, each with a certificate of its own CA."""
 
-    async def start(alt: str) -> int:
-        crt, key = certificate(tmp_path, "extender", alt)
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.servers: list[asyncio.Server] = []
+        self.connections = 0
+        """Connections accepted so far, handshake or not."""
+
+    async def __call__(self, alt: str) -> int:
+        """Starts one whose certificate names ``alt`` (``extender.crt``); returns its port."""
+        crt, key = certificate(self.folder, "extender", alt)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(crt, key)
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
             try:
+                await writer.start_tls(context)
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
@@ -456,24 +464,29 @@ def https_extender(tmp_path: Path) -> Iterator[Callable[[str], Any]]:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
-        servers.append(server)
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)  # TLS after the count
+        self.servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
-    yield start
-    for server in servers:
+
+@pytest.fixture
+def https_extender(tmp_path: Path) -> Iterator[HttpsExtender]:
+    extender = HttpsExtender(tmp_path)
+    yield extender
+    for server in extender.servers:
         server.close()
 
 
 async def _push_with(settings: AgentSettings) -> dict[str, str]:
-    async with extender_client(settings, extender_tls(settings)) as client:
-        pusher = Pusher(settings.extender_urls, client, clock=Clock(),
-                        resolve_all=settings.resolve_all)  # fmt: skip
+    ca = extender_ca(settings)
+    async with extender_client(settings, ca) as client:
+        pusher = extender_pusher(settings, client, ca)
+        assert pusher is not None
         return dict((await pusher.push(b"{}")).results)
 
 
 async def test_the_agent_pushes_over_https_only_to_a_certificate_from_its_ca_file(
-    tmp_path: Path, https_extender: Callable[[str], Any]
+    tmp_path: Path, https_extender: HttpsExtender
 ) -> None:
     port = await https_extender("IP:127.0.0.1,DNS:localhost")
     url = f"https://127.0.0.1:{port}"
@@ -487,7 +500,7 @@ async def test_the_agent_pushes_over_https_only_to_a_certificate_from_its_ca_fil
 
 
 async def test_the_certificate_must_name_the_host_of_the_url_even_with_every_address_resolved(
-    tmp_path: Path, https_extender: Callable[[str], Any]
+    tmp_path: Path, https_extender: HttpsExtender
 ) -> None:
     port = await https_extender("DNS:localhost")
     ca = tmp_path / "extender.crt"
@@ -499,6 +512,104 @@ async def test_the_certificate_must_name_the_host_of_the_url_even_with_every_add
     by_address = AgentSettings(node_name="n1", extender_urls=[f"https://127.0.0.1:{port}"],
                                ca_file=ca)  # fmt: skip
     assert await _push_with(by_address) == {f"https://127.0.0.1:{port}": "failed"}
+
+
+async def test_with_a_tls_server_name_an_extender_reached_by_address_is_checked_by_that_name(
+    tmp_path: Path, https_extender: HttpsExtender
+) -> None:
+    """A NodePort or LoadBalancer address: the certificate names only the Service."""
+    port = await https_extender("DNS:edgegpu-extender.edgegpu-system.svc")
+    url, ca = f"https://127.0.0.1:{port}", tmp_path / "extender.crt"
+    named = AgentSettings(node_name="n1", extender_urls=[url], ca_file=ca,
+                          tls_server_name="edgegpu-extender.edgegpu-system.svc")  # fmt: skip
+    assert await _push_with(named) == {url: "ok"}
+    by_host = AgentSettings(node_name="n1", extender_urls=[url], ca_file=ca)
+    assert await _push_with(by_host) == {url: "failed"}
+    misnamed = AgentSettings(node_name="n1", extender_urls=[url], ca_file=ca,
+                             tls_server_name="edgegpu-extender.elsewhere.svc")  # fmt: skip
+    assert await _push_with(misnamed) == {url: "failed"}
+    resolved = AgentSettings(node_name="n1", extender_urls=[f"https://localhost:{port}"],
+                             ca_file=ca, resolve_all=True,
+                             tls_server_name="edgegpu-extender.edgegpu-system.svc")  # fmt: skip
+    assert (await _push_with(resolved)).get(f"https://localhost:{port}@127.0.0.1") == "ok"
+
+
+def test_the_tls_server_name_is_a_flag_and_a_variable_and_must_be_a_dns_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert AgentSettings(node_name="n1").tls_server_name is None
+    parsed = command_line().parse_or_report(["--node-name", "n1", "--tls-server-name", "a.b.svc"])
+    assert parsed is not None and parsed[0].tls_server_name == "a.b.svc"
+    monkeypatch.setenv("EDGEGPU_AGENT_TLS_SERVER_NAME", "edgegpu-extender.ns.svc")
+    assert AgentSettings(node_name="n1").tls_server_name == "edgegpu-extender.ns.svc"
+    for bad in ("", "a b", "https://a.svc", "a..svc", "-a.svc", "a/b", "a" * 64 + ".svc"):
+        with pytest.raises(ValueError, match="tls_server_name"):
+            AgentSettings(node_name="n1", tls_server_name=bad)
+
+
+# -- a CA file that cannot be read stops the pushes, never the agent ---------------------------
+@pytest.mark.parametrize("content", [None, b"", b"not a certificate\n"],
+                         ids=["missing", "empty", "not-a-certificate"])  # fmt: skip
+async def test_while_the_ca_file_cannot_be_read_no_https_push_is_tried_and_once_it_can_pushes_start(
+    tmp_path: Path,
+    https_extender: HttpsExtender,
+    caplog: pytest.LogCaptureFixture,
+    content: bytes | None,
+) -> None:
+    port = await https_extender("IP:127.0.0.1")
+    url, ca_file = f"https://127.0.0.1:{port}", tmp_path / "ca" / "ca.crt"
+    if content is not None:
+        ca_file.parent.mkdir()
+        ca_file.write_bytes(content)
+    settings = AgentSettings(node_name="n1", extender_urls=[url], ca_file=ca_file)
+    ca = extender_ca(settings)
+    assert ca is not None and not ca.loaded
+    async with extender_client(settings, ca) as client:
+        pusher = extender_pusher(settings, client, ca)
+        assert pusher is not None
+        for _ in range(3):
+            assert (await pusher.push(b"{}")).results == {url: "failed"}
+        assert await pusher.assignments("n1")() is None
+        assert https_extender.connections == 0  # not even a handshake
+        said = [r for r in caplog.records if str(ca_file) in r.getMessage()]
+        assert len(said) == 1 and said[0].levelname == "ERROR"
+        assert "no push to an https extender" in said[0].getMessage()
+        ca_file.parent.mkdir(exist_ok=True)  # kubelet fills the ConfigMap's volume in
+        ca_file.write_bytes((tmp_path / "extender.crt").read_bytes())
+        assert (await pusher.push(b"{}")).results == {url: "ok"}
+    assert ca.loaded
+
+
+async def test_a_ca_file_that_appears_late_is_checked_as_strictly_as_one_there_at_start(
+    tmp_path: Path, https_extender: HttpsExtender
+) -> None:
+    port = await https_extender("IP:127.0.0.1")
+    url, ca_file = f"https://127.0.0.1:{port}", tmp_path / "ca.crt"
+    settings = AgentSettings(node_name="n1", extender_urls=[url], ca_file=ca_file)
+    ca = extender_ca(settings)
+    async with extender_client(settings, ca) as client:
+        pusher = Pusher([url], client, clock=Clock(), ca=ca, base_backoff_s=0, max_backoff_s=0)
+        other, _ = certificate(tmp_path, "another-ca", "IP:127.0.0.1")
+        ca_file.write_bytes(other.read_bytes())
+        assert (await pusher.push(b"{}")).results == {url: "failed"}
+        assert https_extender.connections == 1  # tried, and the certificate refused
+
+
+def test_an_agent_whose_ca_file_is_missing_runs_its_round_and_says_the_push_failed(
+    tmp_path: Path,
+) -> None:
+    """Not exit status 2: the DaemonSet would restart it with no local protection at all."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "node_agent", "--backend", "simulated", "--node-name", "n1",
+         "--once", "--print", "--metrics-port", "0", "--extender-urls", "https://127.0.0.1:9",
+         "--ca-file", str(tmp_path / "absent.crt")],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["node"] == "n1"  # the round ran
+    said = [line for line in proc.stderr.splitlines() if "absent.crt" in line]
+    assert len(said) == 1 and "no push to an https extender" in said[0]
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("block_mib", [0, 1, 255, 2_097_152])
