@@ -1,20 +1,22 @@
 """Command line: ``gpu-sched-extender`` / ``python -m scheduler_extender``.
 
 Flags win over ``EDGEGPU_*`` environment variables; every configuration error is printed at
-once and the process exits with status 2.
+once and the process exits with status 2. With a cluster, the extender does not serve its verbs
+open beyond loopback unless told to (``--insecure-open-verbs``).
 """
 
 from __future__ import annotations
 
-import ssl
+import logging
 import sys
-from typing import Any
 
 from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.flags import SettingsCli
-from scheduler_extender.serving import uvicorn_options
+from scheduler_extender.serving import ServingTls, uvicorn_options
+
+log = logging.getLogger("scheduler_extender")
 
 
 def command_line() -> SettingsCli[ExtenderSettings]:
@@ -54,8 +56,27 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from scheduler_extender.api.app import create_app
+    from scheduler_extender.api.ingest import is_loopback
 
+    open_verbs = settings.has_cluster and settings.client_ca_file is None
+    open_verbs = open_verbs and not is_loopback(settings.host)
+    if open_verbs and not settings.insecure_open_verbs:
+        print(
+            f"gpu-sched-extender: with a cluster and --host {settings.host}, anyone who reaches "
+            "the port could call the scheduler verbs, bind included: give --client-ca-file (and "
+            "--tls-cert-file) so that only the scheduler's client certificate may, or "
+            "--insecure-open-verbs to serve them open",
+            file=sys.stderr,
+        )
+        return 2
     logs.setup(settings.log_level)
+    if open_verbs:
+        log.warning(
+            "the scheduler verbs, bind included, answer anyone who reaches %s:%d "
+            "(--insecure-open-verbs; --client-ca-file closes them)",
+            settings.host,
+            settings.port,
+        )
     kube = None
     if settings.has_cluster:
         from scheduler_extender.k8s.client import KubeApi, load_api_client
@@ -83,15 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     if settings.client_ca_file is not None and settings.tls_cert_file is None:
         print("gpu-sched-extender: --client-ca-file needs --tls-cert-file", file=sys.stderr)
         return 2
-    tls: dict[str, Any] = {}
-    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
-        tls = {
-            "ssl_certfile": str(settings.tls_cert_file),
-            "ssl_keyfile": str(settings.tls_key_file),
-        }
-    if settings.client_ca_file is not None:
-        # Optional at the TLS layer (agents have none); the verbs check it (api/fast.py).
-        tls.update(ssl_ca_certs=str(settings.client_ca_file), ssl_cert_reqs=ssl.CERT_OPTIONAL)
     options = uvicorn_options(settings.log_level, settings.head_timeout_s)
-    uvicorn.run(app, host=settings.host, port=settings.port, **options, **tls)
+    tls = None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        try:
+            tls = ServingTls(
+                settings.tls_cert_file,
+                settings.tls_key_file,
+                settings.client_ca_file,
+                on_expiry=app.state.ctx.metrics.certificate_expiry.set,
+            )
+        except OSError as exc:  # ssl.SSLError among them
+            print(f"gpu-sched-extender: cannot load the TLS files: {exc}", file=sys.stderr)
+            return 2
+        options.update(tls.uvicorn_options())
+        tls.start()
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, **options)
+    finally:
+        if tls is not None:
+            tls.stop()
     return 0

@@ -107,8 +107,21 @@ class ExtenderSettings(BaseSettings):
     client_ca_file: Path | None = Field(
         None,
         description="With TLS: the scheduler's verbs need a client certificate signed by this "
-        "CA (kube-scheduler's extender tlsConfig certFile/keyFile); agents still push with "
-        "their tokens and no certificate.",
+        "CA (kube-scheduler's extender tlsConfig certFile/keyFile) and for one of "
+        "--client-cert-names; agents still push with their tokens and no certificate.",
+    )
+    client_cert_names: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        ["edgegpu-scheduler"],
+        min_length=1,
+        description="Names (a client certificate's subject CN or one of its DNS names) of the "
+        "schedulers that may call the verbs; any other certificate of the client CA, the "
+        "extender's own among them, is refused 403.",
+    )
+    insecure_open_verbs: bool = Field(
+        False,
+        description="Serve the verbs with a cluster, on an address other than loopback, "
+        "without --client-ca-file: anyone who reaches the port may call them, bind included. "
+        "Unless this is given, the extender refuses to start so.",
     )
 
     @model_validator(mode="after")

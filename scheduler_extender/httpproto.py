@@ -11,15 +11,17 @@ of the connection opening, or of its first byte on a kept-alive connection; else
 answered 408 (the connection closed without a word when nothing came) and the connection closed.
 A response sent before its request's body has all arrived also closes the connection: the rest
 of the body would otherwise be read and thrown away for as long as the client keeps sending.
-The body's own deadline is the application's (``serving.BODY_TIMEOUT_S``).
+The body's own deadline is the application's (``serving.BODY_TIMEOUT_S``, shorter for pushes).
 
-Each request's scope says whether the connection presented a client certificate that the TLS
-layer verified (``CLIENT_CERT_KEY``), which uvicorn does not pass on by itself.
+Each request's scope carries the names of the client certificate that the TLS layer verified
+(``CLIENT_CERT_KEY``), which uvicorn does not pass on by itself: who may call what is the
+application's decision.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,7 +33,40 @@ HEAD_TIMEOUT_S = 10.0
 """Default time from a connection opening (or a request's first byte) to its head complete."""
 
 CLIENT_CERT_KEY = "edgegpu.client_cert"
-"""Scope key: True when the connection presented a client certificate the server verified."""
+"""Scope key: the ``PeerCertificate`` of a connection whose client certificate the server
+verified; None when it presented none (or TLS verifies none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCertificate:
+    """The names a verified client certificate is for: its subject's CN and its DNS SANs."""
+
+    common_name: str | None
+    dns_names: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The CN (when there is one) and then every DNS SAN."""
+        return (self.common_name, *self.dns_names) if self.common_name else self.dns_names
+
+    @classmethod
+    def from_decoded(cls, cert: dict[str, Any]) -> PeerCertificate:
+        """From ``SSLObject.getpeercert()``'s dict (the last CN when the subject has several)."""
+        common = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+        dns = tuple(v for k, v in cert.get("subjectAltName", ()) if k == "DNS")
+        return cls(common_name=common[-1] if common else None, dns_names=dns)
+
+
+def peer_certificate(transport: asyncio.BaseTransport) -> PeerCertificate | None:
+    """The verified client certificate of a TLS connection, if it presented one.
+
+    With a client CA configured, the handshake refuses a certificate it cannot verify, so one
+    that is here was verified; without one, none is asked for and ``getpeercert`` is empty.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    cert = ssl_object.getpeercert() if ssl_object is not None else None
+    return PeerCertificate.from_decoded(cert) if cert else None
+
 
 _TIMED_OUT_TEXT = b"The request head did not arrive in time."
 _TIMED_OUT = (
@@ -54,6 +89,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_bytes: int | None = 0
         """Bytes of the current request's head so far; None once its headers are complete."""
         self._head_timer: asyncio.TimerHandle | None = None
+        self._peer: PeerCertificate | None = None
+        """The connection's verified client certificate (read once, when it is made)."""
 
     @classmethod
     def with_head_timeout(cls, seconds: float) -> type[BoundedHttpTools]:
@@ -64,6 +101,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         """A new connection starts with a head to read, and its deadline."""
         self._head_bytes = 0
         super().connection_made(transport)
+        self._peer = peer_certificate(transport)
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -89,11 +127,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         """A request begins: its head is counted from here (pipelined bytes before count too)."""
         self._head_bytes = self._head_bytes or 0
         super().on_message_begin()
-        ssl_object = self.transport.get_extra_info("ssl_object")
-        # With a client CA configured, the handshake already refused a certificate it could not
-        # verify; one that is here was verified.
-        scope = cast(dict[str, Any], self.scope)
-        scope[CLIENT_CERT_KEY] = bool(ssl_object and ssl_object.getpeercert())
+        cast(dict[str, Any], self.scope)[CLIENT_CERT_KEY] = self._peer
 
     def on_headers_complete(self) -> None:
         """The head is complete: its deadline is met; the body is capped elsewhere."""

@@ -70,6 +70,32 @@ class _ReportCounts(Collector):
         )
 
 
+class CertificateExpiry(Collector):
+    """When the serving certificate expires.
+
+    The family is served without a sample until that is known (no TLS, or a certificate whose
+    expiry could not be read).
+    """
+
+    def __init__(self) -> None:
+        self.timestamp_s: float | None = None
+
+    def set(self, timestamp_s: float) -> None:
+        """The notAfter of the certificate served now, in Unix seconds."""
+        self.timestamp_s = timestamp_s
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauge, with its one sample once known."""
+        family = GaugeMetricFamily(
+            "edgegpu_extender_certificate_expiry_timestamp_seconds",
+            "When the certificate the extender serves HTTPS with expires (notAfter, Unix "
+            "seconds); read again whenever the certificate files change.",
+        )
+        if self.timestamp_s is not None:
+            family.add_metric([], self.timestamp_s)
+        yield family
+
+
 class _TelemetryAge(Collector):
     def __init__(self, state: ClusterState) -> None:
         self._state = state
@@ -184,6 +210,8 @@ class ExtenderMetrics:
             ["state"],
             registry=registry,
         )
+        self.certificate_expiry = CertificateExpiry()
+        registry.register(self.certificate_expiry)
         registry.register(_TelemetryAge(state))
         registry.register(_ReportCounts(state))
         # Children of the per-request series, looked up once (a labels() call takes a lock).

@@ -5,9 +5,9 @@ response classes cost more than our whole decision at 5,000 nodes (and several t
 of storing one telemetry push); so ``POST /filter``, ``/prioritize``, ``/preempt``, ``/bind``
 and ``/v1/telemetry`` are answered here, in front of FastAPI, and everything else falls through
 to it. Scheduler verbs answer 200 with errors in the body to whatever kube-scheduler sends, as
-the extender protocol requires; only what it never sends (no client certificate where one is
-required, a body that is not JSON, or one that stops arriving) gets another status. The OpenAPI
-document still describes these routes (``fast_openapi``).
+the extender protocol requires; only what it never sends (no client certificate of the
+scheduler where one is required, a body that is not JSON, or one that stops arriving) gets
+another status. The OpenAPI document still describes these routes (``fast_openapi``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 
 from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext
-from scheduler_extender.httpproto import CLIENT_CERT_KEY
+from scheduler_extender.httpproto import CLIENT_CERT_KEY, PeerCertificate
 from scheduler_extender.k8s import wire
+from scheduler_extender.logs import escape
 from scheduler_extender.serving import (
     TELEMETRY_PATH,
     Disconnected,
@@ -60,6 +62,13 @@ with an error in its body (well inside the shipped scheduler config's 2 s httpTi
 RETRY_AFTER_S = 1
 """What a push refused for want of room is told to wait (the agent's own backoff starts there)."""
 
+PUSH_BODY_TIMEOUT_S = 10.0
+"""The longest a push may take to send its body (a scheduler verb's is ``BODY_TIMEOUT_S``): a
+report is sent in one write, and a push that trickles holds part of the push budget meanwhile."""
+
+SHOWN_NAME_CHARS = 64
+"""The most of a certificate's name a refusal repeats."""
+
 _POST_ONLY = b'{"error":"method not allowed: POST only"}'
 _NO_CLIENT_CERT = b'{"error":"the scheduler verbs need a client certificate (--client-ca-file)"}'
 _NOT_JSON = b'{"error":"the body must be sent as Content-Type: application/json"}'
@@ -67,6 +76,20 @@ _LATE = b'{"error":"the request body did not arrive in time"}'
 _BUSY = b'{"error":"the extender holds as many telemetry bodies as it may: retry later"}'
 _CLOSE: Headers = [(b"connection", b"close")]
 """On answers sent before the body was read: the connection cannot carry another request."""
+
+
+def _not_the_scheduler(peer: PeerCertificate, allowed: list[str]) -> bytes:
+    """The 403 body for a verified client certificate that names none of ``allowed``."""
+    found = "has no CN"
+    if peer.common_name is not None:
+        shown = peer.common_name[:SHOWN_NAME_CHARS]
+        more = "..." if len(peer.common_name) > SHOWN_NAME_CHARS else ""
+        found = f"is for CN '{escape(shown)}'{more}"
+    message = (
+        f"the scheduler verbs need a client certificate for one of {', '.join(allowed)} "
+        f"(--client-cert-names: its CN or a DNS name); this one {found}"
+    )
+    return orjson.dumps({"error": message})
 
 
 def _refusal(verb: str, ctx: AppContext, kind: str, message: str) -> bytes:
@@ -102,6 +125,8 @@ class FastRoutes:
             f"{prefix}/{verb}": (verb, handler) for verb, handler in VERBS.items()
         }
         self.routes[TELEMETRY_PATH] = ("telemetry", None)
+        self._scheduler_names = frozenset(ctx.settings.client_cert_names)
+        """Names one of which a client certificate must carry to call the verbs."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer a hot route and return True; False when the request is not one."""
@@ -131,9 +156,14 @@ class FastRoutes:
         self, verb: str, handler: Handler, scope: Scope, receive: Receive
     ) -> tuple[int, bytes, Headers]:
         ctx = self.ctx
-        if ctx.settings.client_ca_file is not None and not scope.get(CLIENT_CERT_KEY):
-            ctx.metrics.request_errors.labels(verb, "forbidden").inc()
-            return 403, _NO_CLIENT_CERT, _CLOSE
+        if ctx.settings.client_ca_file is not None:
+            peer: PeerCertificate | None = scope.get(CLIENT_CERT_KEY)
+            if peer is None:
+                ctx.metrics.request_errors.labels(verb, "forbidden").inc()
+                return 403, _NO_CLIENT_CERT, _CLOSE
+            if self._scheduler_names.isdisjoint(peer.names):
+                ctx.metrics.request_errors.labels(verb, "forbidden").inc()
+                return 403, _not_the_scheduler(peer, ctx.settings.client_cert_names), _CLOSE
         if not is_json(scope):
             ctx.metrics.request_errors.labels(verb, "unsupported_media_type").inc()
             return 415, _NOT_JSON, _CLOSE
@@ -171,7 +201,8 @@ class FastRoutes:
             return *identity, _CLOSE
         limit = ctx.settings.max_telemetry_bytes
         try:
-            async with HeldBody(scope, receive, limit, ctx.push_bodies, 0.0) as body:
+            held = HeldBody(scope, receive, limit, ctx.push_bodies, 0.0, PUSH_BODY_TIMEOUT_S)
+            async with held as body:
                 status, out = ingest.push(ctx, identity, body)
                 return status, out, []
         except TooLarge:
@@ -254,7 +285,10 @@ def fast_openapi(prefix: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]
                         "errors in the body",
                         "content": {"application/json": {"schema": {}}},
                     },
-                    "403": {"description": "no verified client certificate (--client-ca-file)"},
+                    "403": {
+                        "description": "no verified client certificate (--client-ca-file) "
+                        "for one of --client-cert-names"
+                    },
                     **_REFUSED_BEFORE_READING,
                 },
             }

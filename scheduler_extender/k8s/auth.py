@@ -1,15 +1,17 @@
 """Agent authentication (DESIGN.md §7): who is pushing telemetry, and may it report for this node?
 
 ``TokenReviewAuth`` checks the agent's projected ServiceAccount token with the TokenReview API
-(cached briefly), that it belongs to the agent's ServiceAccount, and that the token's bound pod
-runs on the node the report is for — so one compromised node cannot report for another.
-``StaticTokenAuth`` reads ``TOKEN NODE`` lines from a file, for the embedded mode and tests.
+(cached briefly, in bounded memory), that it belongs to the agent's ServiceAccount, and that the
+token's bound pod runs on the node the report is for — so one compromised node cannot report
+for another. ``StaticTokenAuth`` reads ``TOKEN NODE`` lines from a file, for the embedded mode
+and tests. Neither looks at a token longer than ``MAX_TOKEN_CHARS``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,22 @@ class AuthError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+MAX_TOKEN_CHARS = 8 * 1024
+"""The longest bearer token looked at: a projected ServiceAccount token is about 1 KiB. A longer
+one is refused 401 before it is hashed, reviewed or kept."""
+
+
+def _digest(token: str) -> bytes:
+    """SHA-256 of a token no longer than ``MAX_TOKEN_CHARS``; AuthError(401) for a longer one."""
+    if len(token) > MAX_TOKEN_CHARS:
+        raise AuthError(
+            401,
+            f"token rejected: longer than {MAX_TOKEN_CHARS} characters (a projected token "
+            "is about 1 KiB)",
+        )
+    return hashlib.sha256(token.encode()).digest()
 
 
 class AgentAuth(Protocol):
@@ -66,7 +84,7 @@ class StaticTokenAuth:
 
     async def authenticate(self, token: str) -> Identity:
         """The node of a configured token."""
-        found = self._tokens.get(hashlib.sha256(token.encode()).digest())
+        found = self._tokens.get(_digest(token))
         if found is None:
             raise AuthError(401, "unknown token")
         return Identity(user="static-token", node=None if found == "*" else found)
@@ -83,8 +101,44 @@ Review = Callable[[str], "dict[str, Any]"]
 """token → the TokenReview status (``authenticated``, ``user``...), from the API server."""
 
 
+class _Lru:
+    """At most ``size`` (expiry, value) entries by key; the least recently used goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, tuple[float, Identity | AuthError]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, now: float) -> Identity | AuthError | None:
+        """The value of an unexpired entry (now the most recently used), else None."""
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= now:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: bytes, expires: float, value: Identity | AuthError) -> None:
+        """Keep ``value`` until ``expires``, dropping the least recently used past ``size``."""
+        self._entries[key] = (expires, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
 class TokenReviewAuth:
-    """Projected ServiceAccount tokens, checked with TokenReview and the pod cache."""
+    """Projected ServiceAccount tokens, checked with TokenReview and the pod cache.
+
+    Outcomes are kept for ``cache_ttl_s`` by the token's SHA-256, in two least-recently-used
+    caches of fixed size: tokens the API server accepted (``accepted_entries``: twice the agents
+    of the largest cluster Kubernetes supports, 5,000 nodes) and tokens it refused
+    (``refused_entries``). However many distinct tokens arrive, the memory they take is bounded,
+    and refused ones cannot push the agents' accepted tokens out.
+    """
 
     POD_NAME = "authentication.kubernetes.io/pod-name"
     POD_UID = "authentication.kubernetes.io/pod-uid"
@@ -99,6 +153,8 @@ class TokenReviewAuth:
         service_account: str,
         audience: str | None = None,
         cache_ttl_s: float = 60.0,
+        accepted_entries: int = 10_000,
+        refused_entries: int = 1_000,
         clock: Callable[[], float] = time.monotonic,
         run: Callable[..., Any] | None = None,
     ) -> None:
@@ -109,25 +165,29 @@ class TokenReviewAuth:
         self._ttl = cache_ttl_s
         self._clock = clock
         self._run = run
-        self._cache: dict[str, tuple[float, Identity | AuthError]] = {}
+        self._accepted = _Lru(accepted_entries)
+        self._refused = _Lru(refused_entries)
+
+    @property
+    def cached(self) -> tuple[int, int]:
+        """How many accepted and refused tokens are kept now."""
+        return len(self._accepted), len(self._refused)
 
     async def authenticate(self, token: str) -> Identity:
         """TokenReview (off the event loop, cached for ``cache_ttl_s``), then the SA check."""
+        key = _digest(token)
         now = self._clock()
-        hit = self._cache.get(token)
-        if hit is not None and hit[0] > now:
-            outcome = hit[1]
-        else:
+        outcome = self._accepted.get(key, now) or self._refused.get(key, now)
+        if outcome is None:
             try:
                 status = await self._run(self._review, token) if self._run else self._review(token)
                 outcome = self._identity(status)
             except AuthError as exc:
-                outcome = exc
-            if len(self._cache) > 10_000:
-                self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
-            self._cache[token] = (now + self._ttl, outcome)
+                outcome = AuthError(exc.status, str(exc))  # kept without its traceback's frames
+            cache = self._refused if isinstance(outcome, AuthError) else self._accepted
+            cache.put(key, now + self._ttl, outcome)
         if isinstance(outcome, AuthError):
-            raise outcome
+            raise AuthError(outcome.status, str(outcome))
         return outcome
 
     def _identity(self, status: dict[str, Any]) -> Identity:

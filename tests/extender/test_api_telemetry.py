@@ -147,9 +147,11 @@ async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monke
     import asyncio
 
     from scheduler_extender import serving
+    from scheduler_extender.api import fast
     from scheduler_extender.api.app import create_app
 
     monkeypatch.setattr(serving, "BODY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(fast, "PUSH_BODY_TIMEOUT_S", 0.2)
     app = create_app()
     sent: list[dict] = []
     parts = [{"type": "http.request", "body": b'{"schema":', "more_body": True}]

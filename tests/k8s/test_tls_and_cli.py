@@ -70,9 +70,27 @@ def test_the_extender_serves_https_that_a_scheduler_with_the_ca_accepts(cert):
         assert resp.status_code == 200 and resp.json()["NodeNames"] == ["a"]
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"https://127.0.0.1:{port}/healthz", verify=ssl.create_default_context())
+        metrics = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=ctx).text
+        expiry = "edgegpu_extender_certificate_expiry_timestamp_seconds "
+        (line,) = [line for line in metrics.splitlines() if line.startswith(expiry)]
+        assert 0 < float(line.removeprefix(expiry)) - time.time() <= 86_400 + 60
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
+
+
+def test_tls_files_that_do_not_load_exit_2_with_one_line(cert, tmp_path):
+    crt, _ = cert
+    wrong_key = tmp_path / "other.key"
+    wrong_key.write_text("not a key\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler_extender", "--port", str(free_port()),
+         "--tls-cert-file", str(crt), "--tls-key-file", str(wrong_key)],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("gpu-sched-extender: cannot load the TLS files")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
 def test_the_extender_runs_against_a_cluster_from_a_kubeconfig(kube, kubeconfig):

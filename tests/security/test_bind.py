@@ -18,12 +18,14 @@ from scheduler_extender.cli import command_line
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import BindError
+from scheduler_extender.httpproto import PeerCertificate
 from scheduler_extender.k8s.binder import KubeBinder
 from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.conftest import eventually, running_extender
+from tests.security.test_extender_tls import with_peer
 
 JSON = {"content-type": "application/json"}
 
@@ -140,6 +142,25 @@ async def test_a_bind_a_browser_could_send_cross_site_is_refused_415_and_binds_n
         # The same bind as kube-scheduler sends it goes through.
         ok = await client.post("/bind", content=body, headers={"content-type": "application/json"})
         assert ok.json() == {"Error": ""} and node_of(kube, "victim") == "n1"
+
+
+async def test_a_bind_with_another_certificate_of_the_schedulers_ca_binds_nothing(
+    tmp_path: Path,
+) -> None:
+    """The extender's own serving certificate is of that CA too (made for client auth as well
+    by Helm): whoever read its Secret could bind any pending pod."""
+    async with cluster(tmp_path, client_ca_file=tmp_path / "ca.crt") as (kube, app, _):
+        pending_pod(kube, "victim", "uid-victim", "edgegpu-scheduler")
+        await eventually(lambda: ("default", "victim") in app.state.ctx.sync.pods)
+        own = PeerCertificate("edgegpu-extender", ("edgegpu-extender.edgegpu-system.svc",))
+        async with with_peer(app, own) as client:
+            resp = await client.post("/bind", json=bind("victim", "uid-victim"))
+            assert resp.status_code == 403 and "--client-cert-names" in resp.json()["error"]
+        assert node_of(kube, "victim") is None
+        async with with_peer(app, PeerCertificate("edgegpu-scheduler", ())) as client:
+            resp = await client.post("/bind", json=bind("victim", "uid-victim"))
+            assert resp.json() == {"Error": ""}
+        assert node_of(kube, "victim") == "n1"
 
 
 class ConflictingApi:

@@ -1,8 +1,8 @@
 """The extender's HTTP surface, tried as an attacker would: closed by default, every input bounded.
 
 Content types a browser may send cross-site without asking, bodies over their cap or over what
-may be held at once, connections that never finish a request head, and /debug/* read from
-elsewhere than loopback. Timed tests use real sockets against uvicorn on 127.0.0.1, with short
+may be held at once or slow to arrive, connections that never finish a request head, /debug/*
+read from elsewhere than loopback, and bearer tokens long or many. Timed tests use real sockets against uvicorn on 127.0.0.1, with short
 deadlines and generous margins: they wait for what must happen, never race a clock.
 """
 
@@ -12,8 +12,10 @@ import asyncio
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +28,8 @@ from node_agent.push import Pusher
 from scheduler_extender.api import fast
 from scheduler_extender.api.app import create_app
 from scheduler_extender.config import ExtenderSettings
-from scheduler_extender.serving import BodyBudget, uvicorn_options
+from scheduler_extender.k8s.auth import MAX_TOKEN_CHARS, AuthError, TokenReviewAuth
+from scheduler_extender.serving import BODY_TIMEOUT_S, BodyBudget, uvicorn_options
 from scheduler_extender.telemetry.clock import FakeClock
 from tests.builders import args_names, args_nodes, gpu, node_object, pod, report
 from tests.extender.test_api_scheduler import RecordingBinder
@@ -276,12 +279,17 @@ async def test_an_agent_refused_for_want_of_room_backs_off() -> None:
 
 
 @contextmanager
-def serving(app: FastAPI, head_timeout_s: float) -> Iterator[tuple[int, uvicorn.Server]]:
-    """uvicorn as the extender runs it, in a thread, on a free port of 127.0.0.1."""
+def serving(
+    app: FastAPI, head_timeout_s: float | None = None, **options: Any
+) -> Iterator[tuple[int, uvicorn.Server]]:
+    """uvicorn as the extender runs it (and ``options``), in a thread, on a free port of
+    127.0.0.1."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(512)
-    config = uvicorn.Config(app, lifespan="off", **uvicorn_options(head_timeout_s=head_timeout_s))
+    config = uvicorn.Config(
+        app, lifespan="off", **uvicorn_options(head_timeout_s=head_timeout_s), **options
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
@@ -465,3 +473,102 @@ async def test_no_debug_output_shows_a_pod_uid() -> None:
         for page in pages:
             assert page.status_code == 200
             assert uid not in page.text, page.url
+
+
+# -- agent tokens ---------------------------------------------------------------------------------
+
+
+class Reviews:
+    """The API server's TokenReview, as a fake: ``good`` is the agent's token, all else refused."""
+
+    def __init__(self, good: str) -> None:
+        self.good = good
+        self.calls = 0
+
+    def __call__(self, token: str) -> dict[str, Any]:
+        self.calls += 1
+        if token != self.good:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        extra = {TokenReviewAuth.POD_NAME: ["agent-n1"], TokenReviewAuth.POD_UID: ["uid-1"],
+                 TokenReviewAuth.NODE_NAME: ["n1"]}  # fmt: skip
+        return {"authenticated": True, "audiences": ["edgegpu"],
+                "user": {"username": "system:serviceaccount:edgegpu-system:edgegpu-node-agent",
+                         "extra": extra}}  # fmt: skip
+
+
+def token_review(reviews: Reviews) -> TokenReviewAuth:
+    """Agent authentication by TokenReview, at a time that never moves: nothing expires."""
+    return TokenReviewAuth(reviews, lambda ns, name: None, namespace="edgegpu-system",
+                           service_account="edgegpu-node-agent", audience="edgegpu",
+                           clock=lambda: 1000.0)  # fmt: skip
+
+
+async def test_a_token_longer_than_a_projected_one_is_refused_401_before_any_review(
+    tmp_path: Path,
+) -> None:
+    reviews = Reviews("agent-token")
+    auth = token_review(reviews)
+    with pytest.raises(AuthError) as refused:
+        await auth.authenticate("x" * (MAX_TOKEN_CHARS + 1))
+    assert refused.value.status == 401 and "longer than" in str(refused.value)
+    assert reviews.calls == 0 and auth.cached == (0, 0)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("agent-token n1\n")
+    app = create_app(ExtenderSettings(static_token_file=tokens), clock=FakeClock())
+    async with client_for(app, peer="10.0.0.7") as client:
+        for token in ("x" * 60_000, "agent-token" + "x" * MAX_TOKEN_CHARS):
+            resp = await client.post("/v1/telemetry", content=orjson.dumps(report("n1")),
+                                     headers={**JSON, "authorization": f"Bearer {token}"})  # fmt: skip
+            assert resp.status_code == 401 and "longer than" in resp.json()["error"]
+        accepted = await client.post("/v1/telemetry", content=orjson.dumps(report("n1")),
+                                     headers={**JSON, "authorization": "Bearer agent-token"})  # fmt: skip
+        assert accepted.status_code == 200
+
+
+async def test_a_flood_of_distinct_bad_tokens_takes_bounded_memory_and_keeps_the_agents_cached() -> (
+    None
+):
+    """Each distinct token was kept whole, and only expired ones were ever dropped: twelve
+    thousand bad tokens of 60 KB in a minute took the extender past its memory limit."""
+    reviews = Reviews("agent-token")
+    auth = token_review(reviews)
+    assert (await auth.authenticate("agent-token")).node == "n1"
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(12_000):
+            with pytest.raises(AuthError):
+                await auth.authenticate(f"{i:08d}" + "x" * (MAX_TOKEN_CHARS - 8))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 8 * 1024 * 1024, held  # the tokens themselves were 96 MiB
+    assert auth.cached == (1, 1_000)
+    assert reviews.calls == 12_001
+    assert (await auth.authenticate("agent-token")).node == "n1"
+    assert reviews.calls == 12_001  # still cached
+    with pytest.raises(AuthError):
+        await auth.authenticate(f"{11_999:08d}" + "x" * (MAX_TOKEN_CHARS - 8))
+    assert reviews.calls == 12_001  # a recent refusal is cached too
+
+
+# -- push body deadline ---------------------------------------------------------------------------
+
+
+async def test_a_push_body_that_stops_arriving_is_cut_off_sooner_than_a_verbs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A push had a verb's 30 s to send its body: sixteen pushes trickling a megabyte each held
+    the whole push budget, and every agent's report was refused meanwhile."""
+    assert fast.PUSH_BODY_TIMEOUT_S < BODY_TIMEOUT_S
+    monkeypatch.setattr(fast, "PUSH_BODY_TIMEOUT_S", 0.2)
+    app = create_app(clock=FakeClock())
+    ctx = app.state.ctx
+    push = Stalled(app, "/v1/telemetry", 1000, b"{", b" " * 999)
+    verb = Stalled(app, "/filter", 1000, b"{", b" " * 999)
+    await asyncio.wait_for(push.task, PATIENCE_S)
+    assert push.status == 408 and ctx.push_bodies.used == 0
+    assert not verb.task.done()  # a verb's body still has its own deadline
+    verb.go.set()
+    await asyncio.wait_for(verb.task, PATIENCE_S)
+    assert verb.status == 200 and ctx.request_bodies.used == 0
