@@ -177,6 +177,12 @@ class ExtenderMetrics:
             ["resource", "why"],
             registry=registry,
         )
+        self.policy_refused = Gauge(
+            "edgegpu_extender_policy_refused",
+            "1 while the GPUSchedulingPolicy custom resource's last edit is refused (not in force; "
+            "a replica that starts meanwhile is not ready).",
+            registry=registry,
+        )
         self.leader = Gauge(
             "edgegpu_extender_leader",
             "1 while this replica holds the leader Lease (acts on the cluster).",

@@ -152,6 +152,13 @@ class ServingTls:
 
     def _build(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        # No session resumption: a resumed session skips the certificate check, so a client of
+        # a CA taken out of ca.crt could go on resuming what it had before the reload. TLS 1.3
+        # resumes with tickets only (none are issued); TLS 1.2 would resume from the server's
+        # session cache, which Python cannot turn off. Every client here speaks TLS 1.3.
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.options |= ssl.OP_NO_TICKET
+        context.num_tickets = 0
         context.load_cert_chain(self._cert_file, self._key_file)
         if self._client_ca_file is not None:
             # Optional at the TLS layer (agents push with a token and no certificate); a

@@ -290,6 +290,7 @@ class ClusterSync:
                 "policy %s deleted: back to the policy the extender started with", self.policy_name
             )
             self.policy_generation = None
+            self.policy_errors = []  # nothing refused is left: the start-up policy is in force
             self._last_spec = None
             self._last_status = None
             self._apply_policy(self.base_policy, "start-up policy (custom resource deleted)")

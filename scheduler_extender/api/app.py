@@ -98,6 +98,8 @@ def create_app(
             on_policy=on_policy,
             on_restart=lambda resource, why: ctx.metrics.watch_restarts.labels(resource, why).inc(),
         )
+        sync_now = ctx.sync
+        ctx.metrics.policy_refused.set_function(lambda: float(bool(sync_now.policy_errors)))
         ctx.sync.start()
         identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
         if settings.leader_elect:
@@ -117,7 +119,8 @@ def create_app(
             lambda for_s: elector is None or elector.holds(for_s),
             nodes=lambda: sync.nodes,
             pods=lambda: sync.pods,
-            synced=lambda: sync.synced,
+            # A replica running its start-up policy beside a refused one acts on nothing.
+            synced=lambda: sync.synced and not sync.policy_refused,
             identity=identity,
             namespace=settings.namespace,
         )

@@ -224,3 +224,21 @@ async def test_a_replica_that_starts_while_the_policy_is_refused_is_not_ready_un
         kube.put("gpuschedulingpolicies", SEED)
         await eventually(lambda: app.state.ctx.ready)
         assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_deleting_a_refused_policy_leaves_every_replica_ready_on_its_start_up_policy(
+    kube, kubeconfig
+):
+    kube.put("gpuschedulingpolicies", SEED)
+    async with running_extender(kubeconfig) as (app, client):
+        await eventually(lambda: app.state.ctx.ready)
+        kube.put(
+            "gpuschedulingpolicies", {**SEED, "spec": {**SEED["spec"], "memory": {"blockMiB": 1}}}
+        )
+        await eventually(lambda: app.state.ctx.sync.policy_errors)
+        assert (await client.get("/readyz")).status_code == 200  # the accepted one stays
+        assert "edgegpu_extender_policy_refused 1.0" in (await client.get("/metrics")).text
+        kube.delete("gpuschedulingpolicies", "edge-gpu-policy")
+        await eventually(lambda: "deleted" in app.state.ctx.policy_source)
+        assert (await client.get("/readyz")).status_code == 200
+        assert "edgegpu_extender_policy_refused 0.0" in (await client.get("/metrics")).text

@@ -215,7 +215,8 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
         "node_gpu_health", "node_gpu_cuda_context_success_ratio", "node_gpu_thermal_cap_watts", "node_gpu_power_saving_active",
     }  # fmt: skip
     extender_names = {"edgegpu_extender_telemetry_stale", "edgegpu_extender_request_errors_total",
-                      "edgegpu_extender_certificate_expiry_timestamp_seconds"}  # fmt: skip
+                      "edgegpu_extender_certificate_expiry_timestamp_seconds",
+                      "edgegpu_extender_policy_refused"}  # fmt: skip
     for r in alerts.values():
         metrics = re.findall(r"\b(?:node_gpu|edgegpu)_[a-z_]+", r["expr"])
         assert metrics and set(metrics) <= agent_names | extender_names, (r["alert"], metrics)

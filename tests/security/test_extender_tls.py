@@ -400,3 +400,34 @@ async def test_the_expiry_gauge_is_served_whether_or_not_the_extender_serves_tls
     crt = pki["extender1"][0]
     assert certificate_not_after(crt) == not_after(crt)
     assert certificate_not_after(tmp_path / "missing.crt") is None
+
+
+def test_no_tls_session_is_resumed_so_every_connection_has_its_certificate_checked_again(
+    pki: dict[str, tuple[Path, Path]],
+) -> None:
+    """A resumed session skips the certificate check: a client of a CA taken out of ca.crt at a
+    reload could go on resuming what it had. The extender resumes none, and speaks TLS 1.3 only
+    (TLS 1.2 would resume from a server-side cache)."""
+    ca = pki["ca1"][0]
+    context = client(ca, pki["scheduler1"])
+    app = create_app(ExtenderSettings())
+    with serving_tls(app, ServingTls(*pki["extender1"], ca)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        session = None
+        for attempt in range(2):
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as raw,
+                context.wrap_socket(
+                    raw, server_hostname="edgegpu-extender.edgegpu-system.svc", session=session
+                ) as conn,  # fmt: skip
+            ):
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while conn.recv(4096):
+                    pass
+                assert not conn.session_reused, f"connection {attempt + 1} resumed a session"
+                session = conn.session
+        old = client(ca, pki["scheduler1"])
+        old.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises(ssl.SSLError):
+            with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as raw:
+                old.wrap_socket(raw, server_hostname="edgegpu-extender.edgegpu-system.svc")
