@@ -25,7 +25,7 @@ from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
 from node_agent.cuda_probe import CudaProbe
-from node_agent.deviceplugin.plugin import RESOURCE, BlockPlugin, DevicePluginServer
+from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin, DevicePluginServer
 from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.errors import BackendUnavailable
 from node_agent.exporter import AgentMetrics
@@ -185,6 +185,7 @@ async def _run(
                 held=holders(settings.pod_resources_socket, RESOURCE)
                 if settings.pod_resources_socket
                 else None,
+                settle_s=SETTLE_S,
             )
             if settings.pod_resources_socket:
                 agent.pod_devices = pod_devices(settings.pod_resources_socket, RESOURCE, quiet=True)

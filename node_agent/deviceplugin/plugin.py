@@ -37,6 +37,10 @@ KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 LOOKUP_TIMEOUT_S = 2.0
+SETTLE_S = 2.0
+"""How long ``Allocate`` asks again for a pod no extender lists yet: a replica that did not bind
+it learns of it from its watch, and a pod given its node by hand (no bind) is known to the
+extenders only once their watch has seen it."""
 """How long admission may wait for the extender's assignments (then: no GPU to steer to, and
 ``Allocate`` fails)."""
 CLAIM_TTL_S = 600.0
@@ -187,9 +191,12 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         block_mib: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
         held: Held | None = None,
+        settle_s: float = 0.0,
     ) -> None:
         self._lookup = lookup
         self._held = held
+        self._settle_s = settle_s
+        """``SETTLE_S`` in the agent; 0 asks once."""
         """kubelet's record of the containers given blocks already (survives our restarts)."""
         self._block_mib = block_mib
         self._clock = clock
@@ -369,6 +376,11 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         match = offer
         if match is None or match.pod is None:
             match = self._match(await self._safe_lookup(), size, await self._holders())
+            for _ in range(4 if self._settle_s > 0 else 0):
+                if match.pod is not None:
+                    break
+                await asyncio.sleep(self._settle_s / 4)
+                match = self._match(await self._safe_lookup(), size, await self._holders())
         pod = match.pod
         if pod is None:
             why = f"{match.why}: the GPU chosen at bind is not known, and {size} blocks of {gpu}"

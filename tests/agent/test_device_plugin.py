@@ -676,6 +676,24 @@ async def test_allocate_fails_rather_than_guess_when_the_gpu_chosen_at_bind_is_n
     assert why in refused.value.details and "not given on a guess" in refused.value.details
 
 
+async def test_allocate_asks_again_for_a_pod_the_extenders_watch_has_not_seen_yet() -> None:
+    """A pod given its node by hand (or bound by another replica) is listed once the extenders'
+    watch sees it: Allocate asks again for a while before it refuses."""
+    answers: list[list[Assigned]] = [[], [], [Assigned("u", "ns", "p", "GPU-a", 2, 1.0, "Pending")]]
+
+    async def late() -> list[Assigned] | None:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    plugin = BlockPlugin(late, lambda: 4096, settle_s=0.2)
+    await plugin.update(GPUS)
+    answer = await plugin.Allocate(_allocate("GPU-a::0", "GPU-a::1"), Context())
+    assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
+    gone = BlockPlugin(_nothing, lambda: 4096, settle_s=0.2)
+    await gone.update(GPUS)
+    with pytest.raises(Refused):  # one that never shows up is still refused
+        await gone.Allocate(_allocate("GPU-a::0", "GPU-a::1"), Context())
+
+
 async def test_an_init_containers_blocks_given_again_to_the_app_container_are_allowed() -> None:
     """kubelet reuses an init container's devices for the app container with no preferred
     allocation before; blocks never given are matched to a pod as ever."""
