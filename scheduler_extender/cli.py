@@ -14,7 +14,7 @@ from scheduler_extender import __version__, logs
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.flags import SettingsCli
-from scheduler_extender.serving import ServingTls, uvicorn_options
+from scheduler_extender.serving import ServingTls, raise_open_files_limit, uvicorn_options
 
 log = logging.getLogger("scheduler_extender")
 
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-sched-extender: --client-ca-file needs --tls-cert-file", file=sys.stderr)
         return 2
     options = uvicorn_options(settings.log_level, settings.head_timeout_s)
+    raise_open_files_limit()
     tls = None
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
         try:

@@ -456,3 +456,19 @@ def client_host(scope: Scope) -> str | None:
 def internal_error(exc: Exception) -> bytes:
     """The JSON body of a 500 answer: the kind of error, never a traceback."""
     return b'{"error":"internal error (%s)"}' % type(exc).__name__.encode()
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the limit now.
+
+    Every connection holds a file until it is done (a TLS handshake has a minute): containerd
+    gives containers a soft limit of 1,024, which a few idle peers could use up and keep the
+    scheduler out.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft

@@ -572,3 +572,33 @@ async def test_a_push_body_that_stops_arriving_is_cut_off_sooner_than_a_verbs(
     verb.go.set()
     await asyncio.wait_for(verb.task, PATIENCE_S)
     assert verb.status == 200 and ctx.request_bodies.used == 0
+
+
+def test_the_extender_raises_its_open_files_limit_so_idle_peers_cannot_use_it_up() -> None:
+    """Each connection holds a file (a TLS handshake for up to a minute): started with a soft
+    limit of 256 under a higher hard one, the extender serves with the hard one."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.k8s.test_tls_and_cli import ROOT, free_port, wait_up
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip("this machine's hard limit leaves nothing to raise")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler_extender", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+    )  # fmt: skip
+    try:
+        wait_up(f"http://127.0.0.1:{port}/healthz", True, proc)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        (line,) = [x for x in limits.splitlines() if x.startswith("Max open files")]
+        # an infinite hard limit is left alone: the soft one cannot be raised to it
+        expected = "256" if hard == resource.RLIM_INFINITY else str(hard)
+        assert line.split()[3] == expected, line
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
