@@ -43,31 +43,25 @@ class _ReportCounts(Collector):
     def __init__(self, state: ClusterState) -> None:
         self._state = state
 
+    _COUNTS = (
+        ("edgegpu_extender_foreign_processes", "foreign_processes",
+         "GPU processes in agents' reports that name a pod assigned to another node or GPU "
+         "(ignored: a report speaks for its own node only)."),
+        ("edgegpu_extender_unlisted_nodes_refused", "refused_nodes",
+         "Telemetry pushes refused for naming a new node that no Node object lists while the "
+         "most such nodes are kept already, from a credential not bound to one node."),
+        ("edgegpu_extender_silent_nodes_forgotten", "forgotten_nodes",
+         "Nodes that no Node object lists, forgotten (row and metric series) after a silence "
+         "of several times their staleAfter."),
+        ("edgegpu_extender_assignments_corrected", "corrected_assignments",
+         "Assignments corrected because an agent's report showed the pod holding another GPU "
+         "of its node than bind chose (kubelet's PodResources, through the device plugin)."),
+    )  # fmt: skip
+    """(metric, the state's count, help)."""
+
     def collect(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(
-            "edgegpu_extender_foreign_processes",
-            "GPU processes in agents' reports that name a pod assigned to another node or GPU "
-            "(ignored: a report speaks for its own node only).",
-            value=self._state.foreign_processes,
-        )
-        yield CounterMetricFamily(
-            "edgegpu_extender_unlisted_nodes_refused",
-            "Telemetry pushes refused for naming a new node that no Node object lists while the "
-            "most such nodes are kept already, from a credential not bound to one node.",
-            value=self._state.refused_nodes,
-        )
-        yield CounterMetricFamily(
-            "edgegpu_extender_silent_nodes_forgotten",
-            "Nodes that no Node object lists, forgotten (row and metric series) after a silence "
-            "of several times their staleAfter.",
-            value=self._state.forgotten_nodes,
-        )
-        yield CounterMetricFamily(
-            "edgegpu_extender_assignments_corrected",
-            "Assignments corrected because an agent's report showed the pod holding another GPU "
-            "of its node than bind chose (kubelet's PodResources, through the device plugin).",
-            value=self._state.corrected_assignments,
-        )
+        for name, count, text in self._COUNTS:
+            yield CounterMetricFamily(name, text, value=getattr(self._state, count))
 
 
 class CertificateExpiry(Collector):
