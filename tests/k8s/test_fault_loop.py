@@ -305,6 +305,15 @@ async def test_the_push_answer_carries_the_request_and_debug_shows_the_node(
         assert row["node"] == "n0" and row["state"] == "self-test" and row["next"]
 
 
+async def drain(c: Cluster, r: Remediator, node: str = "n0", gpu: int = 0) -> None:
+    """An XID on ``gpu`` of ``node``, confirmed: the node is cordoned and drained."""
+    c.push(node, gpu)
+    await r.step()
+    c.clock.advance(6.0)
+    c.push(node, gpu)
+    await r.step()
+
+
 async def to_self_test(c: Cluster, r: Remediator, host: str = "host-1") -> str:
     c.push("n0", 0, host=host)
     await r.step()

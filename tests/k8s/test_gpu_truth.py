@@ -18,7 +18,7 @@ from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 from tests.fakes.fake_kube import FakeKube
-from tests.k8s.test_fault_loop import Cluster
+from tests.k8s.test_fault_loop import Cluster, drain
 
 CORRECTED = "edgegpu_extender_assignments_corrected_total"
 
@@ -57,11 +57,7 @@ async def test_a_pod_holding_another_gpu_than_bind_chose_is_the_one_evicted_for_
     assert metrics.registry.get_sample_value(CORRECTED) == 2.0
     # GPU 1 faults (reports that say nothing of holders: the correction stays).
     r = c.remediator()
-    c.push("n0", 1)
-    await r.step()
-    c.clock.advance(6.0)
-    c.push("n0", 1)
-    await r.step()
+    await drain(c, r, "n0", gpu=1)
     assert c.record("n0")["state"] == "draining"
     assert c.pods() == {"second"}  # the pod on GPU 1 went; the one on healthy GPU 0 runs
     assert [e["involvedObject"]["name"] for e in c.events("EdgeGPUEvicted")] == ["first"]
@@ -79,11 +75,7 @@ async def test_a_report_naming_a_pod_of_another_node_changes_nothing(
     assert metrics.registry.get_sample_value(CORRECTED) == 0.0
     # So a fault of n1's GPU 1 leaves the pod on n1's GPU 0 alone.
     r = c.remediator()
-    c.push("n1", 1)
-    await r.step()
-    c.clock.advance(6.0)
-    c.push("n1", 1)
-    await r.step()
+    await drain(c, r, "n1", gpu=1)
     assert c.record("n1")["state"] == "draining"
     assert "far" in c.pods()
     assert c.events("EdgeGPUEvicted") == []

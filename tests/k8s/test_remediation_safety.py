@@ -31,17 +31,8 @@ from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.conftest import make_api
-from tests.k8s.test_fault_loop import EVICT_OVER_BUDGET, Cluster, to_self_test
+from tests.k8s.test_fault_loop import EVICT_OVER_BUDGET, Cluster, drain, to_self_test
 from tests.k8s.test_lending import LENDING, hold, sample
-
-
-async def _drain(c: Cluster, r: Remediator, node: str = "n0") -> None:
-    """An XID on GPU 0 of ``node``, confirmed: the node is cordoned and drained."""
-    c.push(node, 0)
-    await r.step()
-    c.clock.advance(6.0)
-    c.push(node, 0)
-    await r.step()
 
 
 async def _pass_self_test(c: Cluster, r: Remediator) -> None:
@@ -96,7 +87,7 @@ async def test_a_hung_eviction_is_abandoned_counted_and_the_round_goes_on(
     )  # fmt: skip
     kube.hang[("POST", r"/pods/train/eviction")] = threading.Event()
     started = time.monotonic()
-    await _drain(c, r)
+    await drain(c, r)
     assert time.monotonic() - started < 10  # no round waits on a call for good
     assert c.record("n0")["state"] == "draining"
     assert (
@@ -124,7 +115,7 @@ async def test_leadership_lost_mid_drain_stops_the_round_before_the_next_write(
         c.state, make_api(kubeconfig), ExtenderMetrics(CollectorRegistry(), c.state), leading,
         nodes=lambda: {k[2]: v for k, v in kube.objects.items() if k[0] == "nodes"},
     )  # fmt: skip
-    await _drain(c, r)
+    await drain(c, r)
     assert c.node("n0")["spec"]["unschedulable"] is True
     assert c.pods() == {"train", "infer"}  # nothing evicted once leadership was gone
     assert not kube.requests_to("/eviction")
@@ -249,7 +240,7 @@ async def test_the_third_fault_on_a_gpu_within_a_day_goes_to_needs_human_not_ano
     r = c.remediator()
     for hour in range(3):
         c.pod(f"job-{hour}", "n0", 0, QosClass.INFERENCE)
-        await _drain(c, r)
+        await drain(c, r)
         c.state.release(f"uid-job-{hour}")
         if hour < 2:
             assert c.record("n0")["state"] == "draining"
@@ -272,7 +263,7 @@ async def test_a_fault_after_the_repeat_window_is_drained_as_usual(
     await to_self_test(c, r)
     await _pass_self_test(c, r)
     c.clock.advance(3700.0)
-    await _drain(c, r)
+    await drain(c, r)
     assert c.record("n0")["state"] in ("draining", "self-test")
 
 
@@ -298,7 +289,7 @@ async def test_a_corrupted_record_is_cleaned_up_with_an_event(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     assert c.node("n0")["spec"]["unschedulable"] is True
     c.push("n0")  # the fault is gone
     c.live("n0")["metadata"]["annotations"][REMEDIATION_ANNOTATION] = "{not json"
@@ -318,7 +309,7 @@ async def test_a_removed_record_with_the_fault_still_there_is_adopted_and_uncord
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     del c.live("n0")["metadata"]["annotations"][REMEDIATION_ANNOTATION]
     kube.put("nodes", c.live("n0"))
     for _ in range(3):
@@ -374,7 +365,7 @@ async def test_a_pass_while_a_gpu_stays_hot_uncordons_at_the_self_test_timeout(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     await r.step()
     request = r.requests("n0")["self_test"]["id"]
     c.self_test = {"id": request, "verdict": "pass", "detail": ""}
@@ -431,7 +422,7 @@ async def test_a_paused_remediation_starts_nothing(kube: FakeKube, kubeconfig: P
     c = Cluster(kube, kubeconfig, paused=True)
     c.pod("a", "n0", 0, QosClass.INFERENCE)
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     c.clock.advance(6.0)
     await r.step()
     assert not c.node("n0")["spec"].get("unschedulable") and "a" in c.pods()
@@ -458,7 +449,7 @@ async def test_a_record_with_an_impossible_time_stops_no_other_node(
     c.live("n0")["metadata"].setdefault("annotations", {})[REMEDIATION_ANNOTATION] = json.dumps(odd)
     kube.put("nodes", c.live("n0"))
     r = c.remediator()
-    await _drain(c, r, "n1")
+    await drain(c, r, "n1")
     assert c.node("n1")["spec"]["unschedulable"] is True
 
 
@@ -467,7 +458,7 @@ async def test_clean_up_leaves_a_cordon_someone_else_made(kube: FakeKube, kubeco
     c.live("n0")["spec"]["unschedulable"] = True  # an operator's, before the fault
     kube.put("nodes", c.live("n0"))
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     assert c.record("n0")["ownsCordon"] is False
     c.push("n0")
     c.live("n0")["metadata"]["annotations"][REMEDIATION_ANNOTATION] = "garbage"
@@ -483,7 +474,7 @@ async def test_a_dry_run_plans_no_clean_up_of_what_a_real_run_left(
 ) -> None:
     c = Cluster(kube, kubeconfig)
     r = c.remediator()
-    await _drain(c, r)
+    await drain(c, r)
     c.state.set_policy(parse_policy({"spec": {"remediation": {"enabled": True, "dryRun": True}}}))
     c.push("n0")
     for _ in range(4):
