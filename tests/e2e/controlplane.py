@@ -78,27 +78,31 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _openssl(*args: str) -> None:
+NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+"""openssl req arguments for a new P-256 key, unencrypted."""
+
+
+def openssl(*args: str) -> None:
+    """Run openssl; CalledProcessError when it fails."""
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
 def make_pki(folder: Path) -> None:
     """A CA, a serving certificate for 127.0.0.1/localhost, and the service-account key pair."""
     folder.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", str(folder / "ca.key"), "-out",
+    openssl("req", "-x509", *NEW_EC_KEY, "-keyout", str(folder / "ca.key"), "-out",
              str(folder / "ca.crt"), "-days", "7", "-subj", "/CN=edgegpu-e2e-ca")  # fmt: skip
-    _openssl("req", "-new", *ec, "-keyout", str(folder / "serving.key"), "-out",
+    openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(folder / "serving.key"), "-out",
              str(folder / "serving.csr"), "-subj", "/CN=kube-apiserver")  # fmt: skip
     (folder / "san.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
     )
-    _openssl("x509", "-req", "-in", str(folder / "serving.csr"), "-CA", str(folder / "ca.crt"),
+    openssl("x509", "-req", "-in", str(folder / "serving.csr"), "-CA", str(folder / "ca.crt"),
              "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-days", "7",
              "-extfile", str(folder / "san.ext"), "-out", str(folder / "serving.crt"))  # fmt: skip
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(folder / "sa.key"))
-    _openssl("ec", "-in", str(folder / "sa.key"), "-pubout", "-out", str(folder / "sa.pub"))
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(folder / "sa.key"))
+    openssl("ec", "-in", str(folder / "sa.key"), "-pubout", "-out", str(folder / "sa.pub"))
 
 
 def kubeconfig_text(server: str, ca: Path, token: str, user: str) -> str:

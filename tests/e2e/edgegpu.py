@@ -36,7 +36,16 @@ import orjson
 import uvicorn
 import yaml
 
-from tests.e2e.controlplane import ROOT, ClusterError, ControlPlane, Process, free_port, wait_until
+from tests.e2e.controlplane import (
+    NEW_EC_KEY,
+    ROOT,
+    ClusterError,
+    ControlPlane,
+    Process,
+    free_port,
+    openssl,
+    wait_until,
+)
 
 NAMESPACE = "edgegpu-system"
 INSTALL_DOC = ROOT / "docs" / "install.md"
@@ -120,12 +129,6 @@ class Pki:
         return ctx
 
 
-def _openssl(*args: str) -> None:
-    import subprocess
-
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 def _certificate_specs(namespace: str) -> dict[str, dict[str, Any]]:
     """The Certificates of manifests/cert-manager/ by secretName, for ``namespace``."""
     docs = yaml.safe_load_all(_CERTS.read_text().replace(NAMESPACE, namespace))
@@ -144,8 +147,7 @@ def issue_certificates(cp: ControlPlane, namespace: str = NAMESPACE) -> Pki:
     """
     pki = Pki(cp.folder / f"pki-{namespace}")
     pki.folder.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", str(pki.folder / "ca.key"), "-out", str(pki.ca),
+    openssl("req", "-x509", *NEW_EC_KEY, "-keyout", str(pki.folder / "ca.key"), "-out", str(pki.ca),
              "-days", "7", "-subj", "/CN=edgegpu-ca")  # fmt: skip
     specs = _certificate_specs(namespace)
     for secret, who in (
@@ -155,7 +157,7 @@ def issue_certificates(cp: ControlPlane, namespace: str = NAMESPACE) -> Pki:
         spec = specs[secret]
         crt, key = pki.pair(who)
         csr = pki.folder / f"{who}.csr"
-        _openssl("req", "-new", *ec, "-keyout", str(key), "-out", str(csr),
+        openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(key), "-out", str(csr),
                  "-subj", f"/CN={spec['commonName']}")  # fmt: skip
         usage = {"server auth": "serverAuth", "client auth": "clientAuth"}
         ext = [f"extendedKeyUsage={','.join(usage[u] for u in spec['usages'])}"]
@@ -164,7 +166,7 @@ def issue_certificates(cp: ControlPlane, namespace: str = NAMESPACE) -> Pki:
                 [f"DNS:{n}" for n in spec["dnsNames"]] + ["IP:127.0.0.1"]
             ))  # fmt: skip
         (pki.folder / f"{who}.ext").write_text("\n".join(ext) + "\n")
-        _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca), "-CAkey",
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca), "-CAkey",
                  str(pki.folder / "ca.key"), "-CAcreateserial", "-days", "7", "-extfile",
                  str(pki.folder / f"{who}.ext"), "-out", str(crt))  # fmt: skip
         data = {
