@@ -117,7 +117,8 @@ class Breaker:
             return False
         now = self.act.clock.wall()
         start = max(self.since, now - args.breaker_window_s)
-        self._recent = {n: t for n, t in self._recent.items() if t >= start}
+        # A node deleted since counts no more than one the watch shows without history.
+        self._recent = {n: t for n, t in self._recent.items() if t >= start and n in nodes}
         seen = cordoned_within(nodes, self.since, now, args.breaker_window_s) | set(self._recent)
         allowed = args.breaker_allows(gpu_nodes)
         if len(seen | {node}) <= allowed:
