@@ -20,18 +20,19 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
 
-from node_agent import __version__, health, power
+from node_agent import __version__
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
-from node_agent.cuda_probe import CudaProbe
 from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin, DevicePluginServer
 from node_agent.deviceplugin.podresources import holders, pod_devices
+from node_agent.deviceplugin.state import StateFile
 from node_agent.errors import BackendUnavailable
-from node_agent.exporter import AgentMetrics
 from node_agent.loop import Agent, host_boot_id
-from node_agent.push import ExtenderCa, FlappingLinkTransport, Pusher
-from node_agent.state import StateFile
+from node_agent.protection import health, power
+from node_agent.protection.cuda_probe import CudaProbe
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import ExtenderCa, FlappingLinkTransport, Pusher
 from scheduler_extender import logs
 from scheduler_extender.flags import SettingsCli
 

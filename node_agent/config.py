@@ -13,9 +13,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from node_agent.backends.simulated import SCENARIOS
-from node_agent.health import DEFAULT_FATAL_XIDS
 from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
-from node_agent.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
+from node_agent.protection.health import DEFAULT_FATAL_XIDS
+from node_agent.protection.reboot import DEFAULT_SENTINEL, WITHDRAW_AFTER_ROUNDS
 from scheduler_extender.telemetry.schema import Labels
 
 _DNS_NAME = re.compile(

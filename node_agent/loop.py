@@ -18,12 +18,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from node_agent import __version__, health, power
+from node_agent import __version__
 from node_agent.backends.base import GpuBackend
 from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks, device_nodes, gpu_holders
 from node_agent.deviceplugin.podresources import Listing
+from node_agent.deviceplugin.state import StateFile, starting_block_mib
 from node_agent.errors import NotSupported, PermissionDenied
-from node_agent.exporter import AgentMetrics
 from node_agent.model import (
     ActionResult,
     Capabilities,
@@ -33,9 +33,10 @@ from node_agent.model import (
     PowerAction,
     Snapshot,
 )
-from node_agent.push import Ask, Pusher, PushOutcome
-from node_agent.reboot import RebootSentinel
-from node_agent.state import StateFile, starting_block_mib
+from node_agent.protection import health, power
+from node_agent.protection.reboot import RebootSentinel
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import Ask, Pusher, PushOutcome
 from scheduler_extender.domain import MAX_HOLDERS_PER_NODE
 from scheduler_extender.telemetry.schema import GpuReport, PodHolder, TelemetryReport
 

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
-from node_agent.procmap import pod_of_pid
-from node_agent.selftest import run_self_test
+from node_agent.protection.selftest import run_self_test
+from node_agent.telemetry.procmap import pod_of_pid
 
 log = logging.getLogger("node_agent.amd")
 

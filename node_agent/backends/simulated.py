@@ -29,7 +29,7 @@ from node_agent.model import (
     PowerLimits,
     XidEvent,
 )
-from node_agent.selftest import Check, verdict_of
+from node_agent.protection.selftest import Check, verdict_of
 
 log = logging.getLogger("node_agent.simulated")
 

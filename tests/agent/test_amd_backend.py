@@ -7,10 +7,10 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.amd import AmdBackend
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent
-from node_agent.power import PowerArgs
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
 from tests.fakes.fake_amdsmi import FakeAmdGpu, build
 
 PROC = Path(__file__).parent.parent / "fixtures" / "proc"

@@ -29,12 +29,12 @@ from node_agent.deviceplugin.plugin import (
     preferred,
 )
 from node_agent.deviceplugin.podresources import holders, pod_devices
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent
 from node_agent.model import GpuHolder
-from node_agent.power import PowerArgs
-from node_agent.push import Pusher
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import Pusher
 from scheduler_extender.api.app import create_app
 from scheduler_extender.domain import MAX_HOLDERS_PER_NODE, Assignment, QosClass
 from scheduler_extender.policy.document import parse_policy
@@ -753,7 +753,7 @@ async def test_the_assignments_of_every_replica_are_merged_and_a_silent_one_cost
 ) -> None:
     """The replica that bound a pod lists it at once; another learns of it by its watch. A
     replica that does not answer in time leaves the others' answers."""
-    from node_agent import push
+    from node_agent.uplink import pusher as push
 
     monkeypatch.setattr(push, "ASSIGNMENTS_TIMEOUT_S", 0.1)
 

@@ -1,7 +1,7 @@
 import pytest
 
-from node_agent.health import HealthArgs, assess
 from node_agent.model import GpuReading, NodeChecks
+from node_agent.protection.health import HealthArgs, assess
 
 ARGS = HealthArgs()
 OK = NodeChecks(driver_ok=True, device_nodes_ok=True, cuda_ctx_success_ratio=1.0)

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.nvml import NvmlBackend
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent, within_flags
-from node_agent.power import PowerArgs
-from node_agent.push import FlappingLinkTransport, Pusher
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
 from scheduler_extender.api.app import create_app
 from tests.builders import args_names, pod
 from tests.fakes.fake_pynvml import FakeGpu, FakePynvml
@@ -531,8 +531,8 @@ def test_gpu_memory_is_exported_per_pod():
 
 
 def test_energy_is_integrated_per_gpu_and_shared_by_memory_per_pod():
-    from node_agent.exporter import EnergyMeter
     from node_agent.model import GpuProcess, GpuReading
+    from node_agent.telemetry.exporter import EnergyMeter
 
     def sample(watts, procs=()):
         return [GpuReading(index=0, uuid="GPU-x", power_w=watts, processes=tuple(procs))]

@@ -1,5 +1,5 @@
 from node_agent.model import Capabilities, GpuReading, PowerLimits
-from node_agent.power import IDLE, PowerArgs, plan
+from node_agent.protection.power import IDLE, PowerArgs, plan
 
 LIMITS = PowerLimits(min_w=60.0, max_w=70.0 * 2, default_w=100.0)
 ALL = Capabilities(power_limit=True, locked_clocks=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import httpx
 import pytest
 
-from node_agent.push import Pusher
+from node_agent.uplink.pusher import Pusher
 
 
 class Clock:

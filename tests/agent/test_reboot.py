@@ -11,12 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
 from node_agent.config import AgentSettings
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent
-from node_agent.power import PowerArgs
-from node_agent.push import Ask, Pusher
-from node_agent.reboot import WITHDRAW_AFTER_ROUNDS, RebootSentinel, content, parse
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.protection.reboot import WITHDRAW_AFTER_ROUNDS, RebootSentinel, content, parse
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import Ask, Pusher
 
 BOOT = "boot-1"
 

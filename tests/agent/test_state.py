@@ -11,13 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
 from node_agent.deviceplugin.plugin import BlockPlugin
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
+from node_agent.deviceplugin.state import StateFile, starting_block_mib
 from node_agent.loop import Agent
 from node_agent.model import DEFAULT_BLOCK_MIB
-from node_agent.power import PowerArgs
-from node_agent.push import Pusher
-from node_agent.state import StateFile, starting_block_mib
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import Pusher
 from scheduler_extender.policy.rules.memory import MemoryArgs
 
 

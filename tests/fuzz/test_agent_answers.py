@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent, within_flags
-from node_agent.power import PowerArgs
-from node_agent.push import (
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import (
     MAX_GPU_INDEX,
     MAX_LENT_BLOCKS,
     MAX_TEMP_RANGE_C,

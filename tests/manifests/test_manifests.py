@@ -209,7 +209,7 @@ def test_the_alerts_use_metrics_the_agent_and_extender_export():
              "annotations": {"summary": "GPU 0 temperature exceeds 80C"}}  # fmt: skip
     assert alerts["GPUHighTemperature"] == guide  # the deployment guide's, exactly
     assert alerts["GPUAboveMaxTemp"]["expr"] == "node_gpu_temperature_celsius > 85"
-    from node_agent import exporter
+    from node_agent.telemetry import exporter
 
     agent_names = {name for name, *_ in exporter._GAUGES} | {
         "node_gpu_health", "node_gpu_cuda_context_success_ratio", "node_gpu_thermal_cap_watts", "node_gpu_power_saving_active",
@@ -287,10 +287,10 @@ async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exp
     from prometheus_client import CollectorRegistry, generate_latest
 
     from node_agent.backends.simulated import SimulatedBackend
-    from node_agent.exporter import AgentMetrics
-    from node_agent.health import HealthArgs
     from node_agent.loop import Agent
-    from node_agent.power import PowerArgs
+    from node_agent.protection.health import HealthArgs
+    from node_agent.protection.power import PowerArgs
+    from node_agent.telemetry.exporter import AgentMetrics
     from tests.builders import args_names, gpu, pod, report
 
     t = [0.0]

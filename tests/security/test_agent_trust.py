@@ -24,11 +24,11 @@ from node_agent.cli import command_line, extender_ca, extender_client, extender_
 from node_agent.config import AgentSettings
 from node_agent.deviceplugin import api_pb2
 from node_agent.deviceplugin.plugin import Assigned, BlockPlugin, GpuBlocks
-from node_agent.exporter import AgentMetrics
-from node_agent.health import HealthArgs
 from node_agent.loop import Agent
-from node_agent.power import PowerArgs
-from node_agent.push import MAX_ANSWER_BYTES, Pusher, read_answer
+from node_agent.protection.health import HealthArgs
+from node_agent.protection.power import PowerArgs
+from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.uplink.pusher import MAX_ANSWER_BYTES, Pusher, read_answer
 from tests.agent.test_device_plugin import Context, Refused
 
 NAN_ANSWER = b'{"accepted": true, "max_temp_c": NaN}'

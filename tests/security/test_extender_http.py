@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from node_agent.push import Pusher
+from node_agent.uplink.pusher import Pusher
 from scheduler_extender.api import fast
 from scheduler_extender.api.app import create_app
 from scheduler_extender.config import ExtenderSettings

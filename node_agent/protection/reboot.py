@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from node_agent.push import Ask
+from node_agent.uplink.pusher import Ask
 
 log = logging.getLogger("node_agent")
 
