@@ -83,6 +83,9 @@ bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the
 bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation: whole GPUs, memory blocks, blocks with idle ones lent (benchmarks/results/sharing.json, seconds)
 	$(PY) -m benchmarks.sharing $(BENCH_ARGS)
 
+bench-outcomes: $(BENCH_STAMP) ## heat, throttling, energy, outages and sharing: five arms in one time-stepped fleet (benchmarks/results/outcomes.json and .png, ~6 min)
+	$(PY) -m benchmarks.outcomes $(BENCH_ARGS)
+
 bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
 	$(PY) -m benchmarks.latency --quick
 
