@@ -36,7 +36,8 @@ from node_agent.model import (
 from node_agent.protection import health, power
 from node_agent.protection.reboot import RebootSentinel
 from node_agent.telemetry.exporter import AgentMetrics
-from node_agent.uplink.pusher import Ask, Pusher, PushOutcome
+from node_agent.uplink.answer import Ask
+from node_agent.uplink.pusher import Pusher, PushOutcome
 from scheduler_extender.domain import MAX_HOLDERS_PER_NODE
 from scheduler_extender.telemetry.schema import GpuReport, PodHolder, TelemetryReport
 

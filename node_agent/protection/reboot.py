@@ -3,7 +3,7 @@
 kured (``--reboot-sentinel``) and similar tools reboot a node while the file exists. The agent
 writes it only for an ask that names its current boot, never overwrites or deletes a file
 another tool wrote, and withdraws its own once the asks stop. Imports the standard library and
-``push``.
+the push answer's ``Ask``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from node_agent.uplink.pusher import Ask
+from node_agent.uplink.answer import Ask
 
 log = logging.getLogger("node_agent")
 

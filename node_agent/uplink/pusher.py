@@ -27,11 +27,13 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from node_agent.deviceplugin.plugin import LOOKUP_TIMEOUT_S, Assigned
-from node_agent.model import MAX_BLOCK_MIB, MIN_BLOCK_MIB
+from node_agent.uplink.answer import GPU_UUID_PATTERN, Ask, PushAnswer, read_answer
 
 log = logging.getLogger("node_agent.push")
 
 PushResult = Literal["ok", "ignored", "rejected", "failed", "backoff"]
+Read = tuple[PushAnswer, tuple[str, ...]]
+"""One answer as read, and its fields ignored as invalid."""
 ASSIGNMENTS_TIMEOUT_S = 0.75 * LOOKUP_TIMEOUT_S
 """How long one replica may take to list the node's assignments: the others' answers still
 count within the device plugin's wait."""
@@ -44,196 +46,10 @@ an answer dripped in slowly)."""
 RESOLVE_TIMEOUT_S = 3.0
 """How long the lookup of an extender's host name may take (``resolve_all``); past it the round
 goes on with the name's last addresses, or counts its URL as failed when it has none."""
-_ID = re.compile(r"[\x21-\x7e]{1,64}")
-"""A request id: printable ASCII with no space (it is written into the reboot sentinel)."""
-_BOOT = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 class AnswerTooLarge(Exception):
     """An answer past the size cap (``MAX_ANSWER_BYTES``), or compressed (none is asked for)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """One request of the extender's fault loop (``self_test`` or ``reboot``)."""
-
-    id: str
-    boot: str | None = None
-    """The boot the decision was made for (the host's boot id, else the agent's); None when
-    the answer does not say (a self-test; a reboot ask naming no boot is refused)."""
-
-
-def _ask(doc: object) -> Ask | None:
-    """An answer's request: a plain id, or ``{"id": …, "boot": …}`` (``boot`` optional).
-
-    None when it is not one: an id or boot that is not printable ASCII without spaces, or too
-    long, makes the whole request invalid (never cut short to something it did not say).
-    """
-    if isinstance(doc, str):
-        return Ask(doc) if _ID.fullmatch(doc) else None
-    if not isinstance(doc, dict):
-        return None
-    request, boot = doc.get("id"), doc.get("boot")
-    if not isinstance(request, str) or not _ID.fullmatch(request):
-        return None
-    if boot is None:
-        return Ask(request)
-    if not isinstance(boot, str) or not _BOOT.fullmatch(boot):
-        return None
-    return Ask(request, boot)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What one push answer said, each field checked on its own (``read_answer``).
-
-    A field that fails its check is left out and named in ``ignored``; the others still apply.
-    """
-
-    accepted: bool = True
-    performance_gpus: frozenset[int] = frozenset()
-    """GPUs the extender says hold high-QoS pods (restore full clocks)."""
-    max_temp_c: float | None = None
-    """The extender's maxTemp (what counts as hot); None when it did not say a valid one."""
-    policy: dict[str, float | bool] | None = None
-    """The valid fields of the answer's ``policy`` block (``POLICY_RANGES``, ``power_saving``)."""
-    lend: dict[str, int] = field(default_factory=dict)
-    """Idle blocks lent per GPU uuid."""
-    asks: dict[str, Ask] = field(default_factory=dict)
-    """The fault loop's requests: ``self_test`` / ``reboot`` → the ask."""
-    ignored: tuple[str, ...] = ()
-    """The fields left out as invalid (``answer`` for a body that is not a JSON object)."""
-
-
-POLICY_RANGES: dict[str, tuple[float, float]] = {
-    "max_temp_c": (1.0, 150.0),
-    "cool_down_s": (0.0, 86_400.0),
-    "power_saving_threshold_pct": (0.0, 100.0),
-    "memory_block_mib": (float(MIN_BLOCK_MIB), float(MAX_BLOCK_MIB)),
-}
-"""The range each number of an answer's ``policy`` must be in (closed; ``memory_block_mib`` a
-whole number too)."""
-MAX_TEMP_RANGE_C = POLICY_RANGES["max_temp_c"]
-"""The range of the answer's top-level ``max_temp_c``, as its policy's."""
-MAX_LENT_BLOCKS = 1024
-"""Blocks one GPU may lend at most, as the agent reads an answer (a bad one costs nothing)."""
-MAX_GPU_INDEX = 1023
-"""The highest GPU index ``performance_gpus`` may name."""
-_UUID = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
-"""A GPU uuid as ``lend_blocks`` names it: no control characters, at most 128 characters."""
-
-
-def read_answer(body: bytes) -> Answer:
-    """An extender's push answer, every field checked on its own; never raises.
-
-    A field that is absent or null says nothing; one of the wrong type or out of its range is
-    ignored and named in ``Answer.ignored``. A list or mapping keeps its valid entries and is
-    named once if any entry is not. A body that is not a JSON object says nothing but is named
-    (``answer``). Fields the agent does not know are skipped (a newer extender).
-    """
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return Answer(ignored=("answer",))
-    if not isinstance(doc, dict):
-        return Answer(ignored=("answer",))
-    ignored: list[str] = []
-    accepted = doc.get("accepted")
-    if accepted is not None and not isinstance(accepted, bool):
-        ignored.append("accepted")
-    max_temp = doc.get("max_temp_c")
-    max_temp_c = _number(max_temp, MAX_TEMP_RANGE_C)
-    if max_temp is not None and max_temp_c is None:
-        ignored.append("max_temp_c")
-    asks: dict[str, Ask] = {}
-    for kind in ("self_test", "reboot"):
-        if doc.get(kind) is None:
-            continue
-        ask = _ask(doc[kind])
-        if ask is None:
-            ignored.append(kind)
-        else:
-            asks[kind] = ask
-    return Answer(
-        accepted=accepted if isinstance(accepted, bool) else True,
-        performance_gpus=_performance_gpus(doc.get("performance_gpus"), ignored),
-        max_temp_c=max_temp_c,
-        policy=_policy(doc.get("policy"), ignored),
-        lend=_lend(doc.get("lend_blocks"), ignored),
-        asks=asks,
-        ignored=tuple(ignored),
-    )
-
-
-def _number(value: object, bounds: tuple[float, float]) -> float | None:
-    """``value`` as a float if it is a finite JSON number within ``bounds``, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer past a float's range
-        return None
-    low, high = bounds
-    return number if math.isfinite(number) and low <= number <= high else None
-
-
-def _performance_gpus(doc: object, ignored: list[str]) -> frozenset[int]:
-    if doc is None:
-        return frozenset()
-    if not isinstance(doc, list):
-        ignored.append("performance_gpus")
-        return frozenset()
-    gpus = [g for g in doc if _is_gpu_index(g)]
-    if len(gpus) != len(doc):
-        ignored.append("performance_gpus")
-    return frozenset(gpus)
-
-
-def _is_gpu_index(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX
-
-
-def _lend(doc: object, ignored: list[str]) -> dict[str, int]:
-    """The valid entries of an answer's ``lend_blocks`` (GPU uuid → blocks)."""
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        ignored.append("lend_blocks")
-        return {}
-    lend = {
-        uuid: n
-        for uuid, n in doc.items()
-        if _UUID.fullmatch(uuid)
-        and isinstance(n, int)
-        and not isinstance(n, bool)
-        and 0 < n <= MAX_LENT_BLOCKS
-    }
-    if len(lend) != len(doc):
-        ignored.append("lend_blocks")
-    return lend
-
-
-def _policy(doc: object, ignored: list[str]) -> dict[str, float | bool] | None:
-    """The valid fields of an answer's ``policy`` (a newer or broken extender costs nothing)."""
-    if doc is None:
-        return None
-    if not isinstance(doc, dict):
-        ignored.append("policy")
-        return None
-    out: dict[str, float | bool] = {}
-    for key, bounds in POLICY_RANGES.items():
-        value = doc.get(key)
-        number = _number(value, bounds)
-        if number is not None and (key != "memory_block_mib" or number.is_integer()):
-            out[key] = number
-        elif value is not None:
-            ignored.append(f"policy.{key}")
-    saving = doc.get("power_saving")
-    if isinstance(saving, bool):
-        out["power_saving"] = saving
-    elif saving is not None:
-        ignored.append("policy.power_saving")
-    return out or None
 
 
 @dataclass(slots=True)
@@ -251,12 +67,6 @@ class _Target:
     last_error: str = ""
     max_temp_c: float | None = None
     """The extender's maxTemp, from its last answer that said a valid one."""
-    asks: dict[str, Ask] = field(default_factory=dict)
-    """The remediation requests of its last answer: ``self_test`` / ``reboot`` → the ask."""
-    policy: dict[str, float | bool] | None = None
-    """The policy its last answer said the agent's local protection should follow."""
-    lend: dict[str, int] = field(default_factory=dict)
-    """Idle blocks its last answer said each GPU lends (GPU uuid → blocks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,7 +280,7 @@ class Pusher:
 
     async def _one(
         self, target: _Target, body: bytes, headers: dict[str, str], ca_missing: str | None
-    ) -> tuple[PushResult, Answer | None]:
+    ) -> tuple[PushResult, Read | None]:
         if _waits_for_ca(target, ca_missing):
             return "failed", None  # said by the CA once; no backoff, so it starts at once
         now = self._clock()
@@ -498,13 +308,12 @@ class Pusher:
         if target.failures:
             log.info("push to %s works again after %d failures", target.url, target.failures)
         target.failures, target.next_at, target.last_error = 0, 0.0, ""
-        answer = read_answer(raw)
-        if answer.ignored:
-            log.debug("answer of %s: ignored %s", target.url, ", ".join(answer.ignored))
+        answer, ignored = read = read_answer(raw)
+        if ignored:
+            log.debug("answer of %s: ignored %s", target.url, ", ".join(ignored))
         if answer.max_temp_c is not None:
             target.max_temp_c = answer.max_temp_c
-        target.policy, target.lend, target.asks = answer.policy, answer.lend, answer.asks
-        return ("ok" if answer.accepted else "ignored"), answer
+        return ("ok" if answer.accepted else "ignored"), read
 
     def _failed(self, target: _Target, now: float, error: str) -> PushResult:
         target.failures += 1
@@ -588,17 +397,17 @@ class Pusher:
         targets, unresolved = await self._replicas() if self._resolve_all else (self._targets, [])
         ca_missing = self._ca.ready() if self._ca is not None else None
         done = await asyncio.gather(*(self._one(t, body, headers, ca_missing) for t in targets))
-        answers = [a for _, a in done if a is not None]
+        reads = [read for _, read in done if read is not None]
+        answers = [answer for answer, _ in reads]
         boost: frozenset[int] = frozenset().union(*(a.performance_gpus for a in answers))
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
         asks: dict[str, Ask] = {}
         policy = None
         lends: list[dict[str, int]] = []
-        for t, (result, _) in zip(targets, done, strict=True):
-            if result in ("ok", "ignored"):
-                asks.update(t.asks)
-                policy = policy or t.policy
-                lends.append(t.lend)
+        for answer in answers:
+            asks.update(answer.asks)
+            policy = policy or (answer.policy.said() if answer.policy is not None else None)
+            lends.append(answer.lend_blocks)
         # A replica behind on a pod's use may still lend what another already took back.
         lend = {u: min(d.get(u, 0) for d in lends) for u in lends[0]} if lends else {}
         results: dict[str, PushResult] = {base: "failed" for base in unresolved}
@@ -610,7 +419,7 @@ class Pusher:
             asks,
             policy,
             {u: n for u, n in lend.items() if n > 0},
-            tuple(f for a in answers for f in a.ignored),
+            tuple(f for _, ignored in reads for f in ignored),
         )
 
 
@@ -640,6 +449,19 @@ def _text(raw: bytes, limit: int) -> str:
     return raw[:limit].decode("utf-8", errors="replace")
 
 
+def _number(value: object, bounds: tuple[float, float]) -> float | None:
+    """``value`` as a float if it is a finite JSON number within ``bounds``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
+    low, high = bounds
+    return number if math.isfinite(number) and low <= number <= high else None
+
+
+_UUID = re.compile(GPU_UUID_PATTERN)
 MAX_BLOCKS_PER_POD = 65_536
 """The most blocks one assignment row may say a pod or a container asks."""
 

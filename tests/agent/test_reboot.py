@@ -16,7 +16,8 @@ from node_agent.protection.health import HealthArgs
 from node_agent.protection.power import PowerArgs
 from node_agent.protection.reboot import WITHDRAW_AFTER_ROUNDS, RebootSentinel, content, parse
 from node_agent.telemetry.exporter import AgentMetrics
-from node_agent.uplink.pusher import Ask, Pusher
+from node_agent.uplink.answer import Ask
+from node_agent.uplink.pusher import Pusher
 
 BOOT = "boot-1"
 

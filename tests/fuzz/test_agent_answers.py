@@ -24,14 +24,14 @@ from node_agent.loop import Agent, within_flags
 from node_agent.protection.health import HealthArgs
 from node_agent.protection.power import PowerArgs
 from node_agent.telemetry.exporter import AgentMetrics
-from node_agent.uplink.pusher import (
+from node_agent.uplink.answer import (
     MAX_GPU_INDEX,
     MAX_LENT_BLOCKS,
     MAX_TEMP_RANGE_C,
     POLICY_RANGES,
-    Pusher,
     read_answer,
 )
+from node_agent.uplink.pusher import Pusher
 
 CASES = int(os.environ.get("EDGEGPU_FUZZ_CASES", "25"))
 FUZZ = settings(
@@ -136,17 +136,17 @@ LOWER_THRESHOLD = json.dumps({"policy": {"power_saving_threshold_pct": 0}}).enco
 def test_no_answer_makes_the_agent_raise_take_a_value_out_of_range_or_loosen_its_protection(
     body: bytes, flags: PowerArgs
 ) -> None:
-    answer = read_answer(body)
-    assert set(answer.ignored) <= KNOWN_FIELDS
+    answer, ignored = read_answer(body)
+    assert set(ignored) <= KNOWN_FIELDS
     assert isinstance(answer.accepted, bool)
     assert answer.max_temp_c is None or _within(answer.max_temp_c, MAX_TEMP_RANGE_C)
     assert all(type(g) is int and 0 <= g <= MAX_GPU_INDEX for g in answer.performance_gpus)
-    for uuid, blocks in answer.lend.items():
+    for uuid, blocks in answer.lend_blocks.items():
         assert 0 < len(uuid) <= 128 and not CONTROL.search(uuid)
         assert type(blocks) is int and 0 < blocks <= MAX_LENT_BLOCKS
     for ask in answer.asks.values():
         assert ID.fullmatch(ask.id) and (ask.boot is None or BOOT.fullmatch(ask.boot))
-    policy = answer.policy or {}
+    policy = answer.policy.said() if answer.policy is not None else {}
     for key, value in policy.items():
         if key == "power_saving":
             assert isinstance(value, bool)
