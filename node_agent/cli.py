@@ -32,7 +32,8 @@ from node_agent.loop import Agent, host_boot_id
 from node_agent.protection import health, power
 from node_agent.protection.cuda_probe import CudaProbe
 from node_agent.telemetry.exporter import AgentMetrics
-from node_agent.uplink.pusher import ExtenderCa, FlappingLinkTransport, Pusher
+from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
+from node_agent.uplink.trust import ExtenderCa
 from scheduler_extender import logs
 from scheduler_extender.flags import SettingsCli
 

@@ -753,9 +753,9 @@ async def test_the_assignments_of_every_replica_are_merged_and_a_silent_one_cost
 ) -> None:
     """The replica that bound a pod lists it at once; another learns of it by its watch. A
     replica that does not answer in time leaves the others' answers."""
-    from node_agent.uplink import pusher as push
+    from node_agent.uplink import assignments
 
-    monkeypatch.setattr(push, "ASSIGNMENTS_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(assignments, "ASSIGNMENTS_TIMEOUT_S", 0.1)
 
     def row(uid: str, gpu_uuid: str) -> dict[str, Any]:
         return {"uid": uid, "namespace": "ns", "name": uid, "gpu_uuids": [gpu_uuid], "blocks": 1,

@@ -29,7 +29,8 @@ from node_agent.protection.health import HealthArgs
 from node_agent.protection.power import PowerArgs
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.uplink.answer import read_answer
-from node_agent.uplink.pusher import MAX_ANSWER_BYTES, Pusher
+from node_agent.uplink.pusher import Pusher
+from node_agent.uplink.replicas import MAX_ANSWER_BYTES
 from tests.agent.test_device_plugin import Context, Refused
 
 NAN_ANSWER = b'{"accepted": true, "max_temp_c": NaN}'
