@@ -28,10 +28,11 @@ from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin, Devi
 from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.deviceplugin.state import StateFile
 from node_agent.errors import BackendUnavailable
-from node_agent.loop import Agent, host_boot_id
+from node_agent.loop import Agent
 from node_agent.protection import health, power
 from node_agent.protection.cuda_probe import CudaProbe
 from node_agent.telemetry.exporter import AgentMetrics
+from node_agent.telemetry.report import host_boot_id
 from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
 from node_agent.uplink.trust import ExtenderCa
 from scheduler_extender import logs
@@ -181,17 +182,20 @@ async def _run(
         )
         plugin_server = None
         if settings.device_plugin and not ns.once:
-            agent.device_plugin = BlockPlugin(
+            blocks = agent.blocks
+            blocks.plugin = BlockPlugin(
                 pusher.assignments(settings.node_name) if pusher is not None else _nobody,
-                lambda: agent.block_mib,
+                lambda: blocks.block_mib,
                 held=holders(settings.pod_resources_socket, RESOURCE)
                 if settings.pod_resources_socket
                 else None,
                 settle_s=SETTLE_S,
             )
             if settings.pod_resources_socket:
-                agent.pod_devices = pod_devices(settings.pod_resources_socket, RESOURCE, quiet=True)
-            plugin_server = DevicePluginServer(agent.device_plugin, settings.kubelet_dir)
+                blocks.pod_devices = pod_devices(
+                    settings.pod_resources_socket, RESOURCE, quiet=True
+                )
+            plugin_server = DevicePluginServer(blocks.plugin, settings.kubelet_dir)
         try:
             if ns.once:
                 result = await agent.round()

@@ -225,10 +225,10 @@ async def test_the_agent_tells_the_plugin_its_blocks_and_the_extender_its_assign
         agent = Agent(backend, node="n1", interval_s=1.0,
                       metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
                       power_args=PowerArgs(), clock=lambda: clock[0])  # fmt: skip
-        agent.device_plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.block_mib)
+        agent.blocks.plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.blocks.block_mib)
         clock[0] += 1.0
         await agent.round()
-        devices = agent.device_plugin.devices()
+        devices = agent.blocks.plugin.devices()
         assert len(devices) == 2 * (15360 // 4096)
         assert {d.health for d in devices[:3]} == {"Unhealthy"}  # GPU 0 raised XID 79
         assert {d.health for d in devices[3:]} == {"Healthy"}
@@ -263,14 +263,14 @@ async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lend
         agent = Agent(backend, node="n1", interval_s=1.0, pusher=pusher,
                       metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
                       power_args=PowerArgs(), clock=lambda: clock[0])  # fmt: skip
-        agent.device_plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.block_mib)
+        agent.blocks.plugin = BlockPlugin(pusher.assignments("n1"), lambda: agent.blocks.block_mib)
 
         async def lent_devices() -> list[str]:
             clock[0] += 1.0
             fake.advance(1.0)
             await agent.round()
-            assert agent.device_plugin is not None
-            return [d.ID for d in agent.device_plugin.devices() if "::lent-" in d.ID]
+            assert agent.blocks.plugin is not None
+            return [d.ID for d in agent.blocks.plugin.devices() if "::lent-" in d.ID]
 
         await lent_devices()
         (uuid,) = state.gpu_uuids("n1", [1])
@@ -280,7 +280,7 @@ async def test_the_plugin_advertises_the_blocks_the_extender_lends_while_it_lend
         fake.advance(300.0)
         # The answer lends 1 block (8192 - 1000 MiB idle): kubelet hears it in the same round.
         assert await lent_devices() == [f"{uuid}::lent-0"]
-        assert len(agent.device_plugin.devices()) == 2 * 3 + 1
+        assert len(agent.blocks.plugin.devices()) == 2 * 3 + 1
         procs.write_text('{"1": [{"pod_uid": "uid-p", "used_mib": 7000}]}')  # busy again
         assert await lent_devices() == []
 
@@ -316,12 +316,12 @@ async def test_a_lost_nvidia_gpu_keeps_its_blocks_unhealthy(
     agent = Agent(nvml, node="n1", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n1"),
                   health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
     nvml.open()
-    agent.device_plugin = BlockPlugin(_nothing, lambda: agent.block_mib)
+    agent.blocks.plugin = BlockPlugin(_nothing, lambda: agent.blocks.block_mib)
     await agent.round()
-    before = [(d.ID, d.health) for d in agent.device_plugin.devices()]
+    before = [(d.ID, d.health) for d in agent.blocks.plugin.devices()]
     fake.gpus[1].lost = True
     await agent.round()
-    after = {d.ID: d.health for d in agent.device_plugin.devices()}
+    after = {d.ID: d.health for d in agent.blocks.plugin.devices()}
     assert set(after) == {i for i, _ in before}  # the same devices: none vanished
     assert {h for i, h in after.items() if i.startswith("GPU-b::")} == {"Unhealthy"}
     assert {h for i, h in after.items() if i.startswith("GPU-a::")} == {"Healthy"}
@@ -341,23 +341,23 @@ async def test_amd_and_intel_gpus_give_the_container_their_device_nodes(
     backend.open()
     agent = Agent(backend, node="n2", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n2"),
                   health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
-    agent.sys_root = tmp_path / "sys"
+    agent.blocks.sys_root = tmp_path / "sys"
     uuid = backend.read(0).uuid
 
     async def lookup() -> list[Assigned] | None:
         return [Assigned("uid-p", "default", "p", uuid, 2, 1.0, "Pending")]
 
-    agent.device_plugin = BlockPlugin(lookup, lambda: 4096)
+    agent.blocks.plugin = BlockPlugin(lookup, lambda: 4096)
     await agent.round()
     # Without its device nodes in sysfs a GPU offers no blocks: the container could not use it.
-    assert agent.device_plugin.devices() == []
-    drm = agent.sys_root / "bus/pci/devices/0000:01:00.0/drm"  # GPU 0's PCI address
+    assert agent.blocks.plugin.devices() == []
+    drm = agent.blocks.sys_root / "bus/pci/devices/0000:01:00.0/drm"  # GPU 0's PCI address
     for name in ("card1", "renderD128", "version"):
         (drm / name).mkdir(parents=True)
     await agent.round()
-    ids = [d.ID for d in agent.device_plugin.devices()]
+    ids = [d.ID for d in agent.blocks.plugin.devices()]
     assert ids and {gpu_of(i) for i in ids} == {uuid}
-    answer = await agent.device_plugin.Allocate(
+    answer = await agent.blocks.plugin.Allocate(
         api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=ids[:2])]), Context())  # fmt: skip
     (resp,) = answer.container_responses
@@ -457,10 +457,10 @@ async def test_the_agent_reports_which_gpus_blocks_each_pod_holds_as_kubelet_say
     server = grpc.aio.server()
     podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
     server.add_insecure_port(f"unix://{socket}")
-    agent.pod_devices = pod_devices(socket, RESOURCE)
+    agent.blocks.pod_devices = pod_devices(socket, RESOURCE)
     # No device plugin on this node: kubelet is not asked, and nothing is known.
     assert (await agent.round()).report.holders is None
-    agent.device_plugin = BlockPlugin(_nothing, lambda: agent.block_mib)
+    agent.blocks.plugin = BlockPlugin(_nothing, lambda: agent.blocks.block_mib)
     await server.start()
     try:
         report = (await agent.round()).report
@@ -488,13 +488,13 @@ def test_a_holder_the_contract_refuses_is_left_out_not_the_report() -> None:
                   metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
                   power_args=PowerArgs())  # fmt: skip
     snap = agent.sample()
-    healths, _ = agent.decide(snap)
+    healths, _ = agent.protection.decide(snap)
     uuid = snap.readings[0].uuid
-    agent.holders = [GpuHolder("default", "ok", uuid, 1), GpuHolder("default", "bad\x1b", uuid, 1),
+    agent.blocks.holders = [GpuHolder("default", "ok", uuid, 1), GpuHolder("default", "bad\x1b", uuid, 1),
                      GpuHolder("default", "none", uuid, 0)]  # fmt: skip
     report = agent.build_report(snap, healths)
     assert [h.name for h in report.holders or ()] == ["ok"]
-    agent.holders = [
+    agent.blocks.holders = [
         GpuHolder("default", f"p{i}", uuid, 1) for i in range(MAX_HOLDERS_PER_NODE + 5)
     ]
     assert len(agent.build_report(snap, healths).holders or ()) == MAX_HOLDERS_PER_NODE
@@ -565,15 +565,15 @@ async def test_a_slow_driver_read_does_not_hold_up_kubelets_calls() -> None:
     backend.open()
     agent = Agent(backend, node="n1", interval_s=1.0, metrics=AgentMetrics(CollectorRegistry(), "n1"),
                   health_args=HealthArgs(), power_args=PowerArgs(), dry_run=True)  # fmt: skip
-    agent.device_plugin = BlockPlugin(_nothing, lambda: 4096)
-    await agent.device_plugin.update(GPUS)
+    agent.blocks.plugin = BlockPlugin(_nothing, lambda: 4096)
+    await agent.blocks.plugin.update(GPUS)
     sampling = asyncio.create_task(agent.round())
     await asyncio.sleep(0.05)
     request = api_pb2.PreferredAllocationRequest(container_requests=[
         api_pb2.ContainerPreferredAllocationRequest(
-            available_deviceIDs=[d.ID for d in agent.device_plugin.devices()], allocation_size=1)])  # fmt: skip
+            available_deviceIDs=[d.ID for d in agent.blocks.plugin.devices()], allocation_size=1)])  # fmt: skip
     started = time.monotonic()
-    await agent.device_plugin.GetPreferredAllocation(request, None)
+    await agent.blocks.plugin.GetPreferredAllocation(request, None)
     assert time.monotonic() - started < 0.3 and not sampling.done()
     await sampling
 

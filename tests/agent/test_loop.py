@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.nvml import NvmlBackend
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.loop import Agent, within_flags
+from node_agent.loop import Agent
 from node_agent.protection.health import HealthArgs
+from node_agent.protection.policy import within_flags
 from node_agent.protection.power import PowerArgs
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
@@ -331,7 +332,7 @@ async def test_a_cool_down_survives_the_extenders_restart_through_the_agents_rep
             if seen_hot and temp < 85.0:
                 break
         assert seen_hot and temp < 85.0, temp  # local protection brought it under maxTemp
-        assert agent.hot_threshold_c == 85.0  # as the extender's answer said
+        assert agent.reporter.hot_threshold_c == 85.0  # as the extender's answer said
         switch.to(create_app(clock=FakeClock()))  # the extender restarts
         clock.t += 5.0
         out = await agent.round()
@@ -381,7 +382,7 @@ async def test_a_requested_self_test_runs_once_and_its_verdict_rides_the_next_re
         assert first.report.gpus[0].health == "unhealthy" and first.report.self_test is None
         for _ in range(20):  # the test runs in a thread
             await asyncio.sleep(0.01)
-            if agent.self_test:
+            if agent.remediation.self_test:
                 break
         clock.t += 1.0
         second = await agent.round()
@@ -394,7 +395,7 @@ async def test_a_requested_self_test_runs_once_and_its_verdict_rides_the_next_re
         assert third.report.self_test == second.report.self_test
         assert not sentinel.exists()
         answers.clear()
-        answers["reboot"] = {"id": "r1", "boot": agent.boot}
+        answers["reboot"] = {"id": "r1", "boot": agent.reporter.boot}
         await agent.round()
         assert sentinel.read_text().startswith("edgegpu remediation r1\n")
 
@@ -423,14 +424,17 @@ async def test_the_policy_in_the_answer_drives_local_protection_and_bad_values_a
         agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock),
                            power_args=PowerArgs(saving_enabled=False))  # fmt: skip
         await agent.round()
-        p = agent.power_args
+        p = agent.protection.power_args
         assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == (
             70.0, 600.0, True, 40.0)  # fmt: skip
-        assert agent.health_args.max_temp_c == 70.0
+        assert agent.protection.health_args.max_temp_c == 70.0
         policy.update(max_temp_c="hot", cool_down_s=-1, power_saving="yes")
         await agent.round()
-        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (70.0, 600.0)
-        assert agent.power_args.saving_enabled is True
+        assert (
+            agent.protection.power_args.max_temp_c,
+            agent.protection.power_args.cool_down_s,
+        ) == (70.0, 600.0)
+        assert agent.protection.power_args.saving_enabled is True
 
 
 async def test_a_looser_policy_is_followed_only_with_accept_looser_policy():
@@ -447,9 +451,9 @@ async def test_a_looser_policy_is_followed_only_with_accept_looser_policy():
             agent = make_agent(clock, pusher=Pusher(["http://x"], client, clock=clock),
                                power_args=PowerArgs(), accept_looser_policy=accept)  # fmt: skip
             await agent.round()
-            p = agent.power_args
+            p = agent.protection.power_args
             assert (p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct) == expected
-            assert agent.health_args.max_temp_c == expected[0]
+            assert agent.protection.health_args.max_temp_c == expected[0]
 
 
 SAVING_AT_70 = PowerArgs(max_temp_c=85.0, cool_down_s=300.0, saving_enabled=True,
@@ -504,14 +508,17 @@ async def test_a_policy_changed_on_the_extender_reaches_the_agent_with_its_next_
     async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
         agent = make_agent(clock, pusher=Pusher(["http://extender"], client, clock=clock))
         await agent.round()
-        assert agent.power_args.max_temp_c == 85.0
+        assert agent.protection.power_args.max_temp_c == 85.0
         app.state.ctx.state.set_policy(
             parse_policy({"spec": {"thermalThrottling": {"maxTemp": 78, "coolDownPeriod": "10m"}}})
         )
         clock.t += 1.0
         await agent.round()
-        assert (agent.power_args.max_temp_c, agent.power_args.cool_down_s) == (78.0, 600.0)
-        assert agent.hot_threshold_c == 78.0
+        assert (
+            agent.protection.power_args.max_temp_c,
+            agent.protection.power_args.cool_down_s,
+        ) == (78.0, 600.0)
+        assert agent.reporter.hot_threshold_c == 78.0
 
 
 def test_gpu_memory_is_exported_per_pod():

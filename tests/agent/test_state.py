@@ -33,14 +33,14 @@ def _agent(
     agent = Agent(backend, node="n1", interval_s=1.0, pusher=pusher, dry_run=True, state=state,
                   metrics=AgentMetrics(CollectorRegistry(), "n1"), health_args=HealthArgs(),
                   power_args=PowerArgs(), block_mib=block_mib)  # fmt: skip
-    agent.device_plugin = BlockPlugin(_nothing, lambda: agent.block_mib)
+    agent.blocks.plugin = BlockPlugin(_nothing, lambda: agent.blocks.block_mib)
     return agent
 
 
 async def _first_advertised(agent: Agent) -> int:
     await agent.round()
-    assert agent.device_plugin is not None
-    return len(agent.device_plugin.devices())
+    assert agent.blocks.plugin is not None
+    return len(agent.blocks.plugin.devices())
 
 
 def test_the_agents_default_block_size_is_the_policys() -> None:
@@ -56,7 +56,7 @@ async def test_a_restarted_agent_advertises_the_block_size_the_extender_last_sai
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         before = _agent(StateFile(tmp_path, "n1"), Pusher(["http://x"], client, clock=lambda: 0))
         assert await _first_advertised(before) == 2 * 3  # 15360 MiB T4s in 4096 MiB blocks
-        assert before.block_mib == 8192  # from the answer: 1 block each from the next round
+        assert before.blocks.block_mib == 8192  # from the answer: 1 block each from the next round
     with caplog.at_level(logging.INFO, logger="node_agent"):
         after = _agent(StateFile(tmp_path, "n1"))  # restarted, no extender in reach yet
     assert await _first_advertised(after) == 2 * 1
@@ -79,9 +79,9 @@ async def test_a_state_file_that_is_absent_or_cannot_be_trusted_falls_back_to_th
         state.path.write_text(text)
     with caplog.at_level(logging.INFO, logger="node_agent"):
         agent = _agent(state)
-    assert agent.block_mib == DEFAULT_BLOCK_MIB
+    assert agent.blocks.block_mib == DEFAULT_BLOCK_MIB
     assert f"memory blocks of {DEFAULT_BLOCK_MIB} MiB (the policy's default)" in caplog.text
-    assert _agent(state, block_mib=1024).block_mib == 1024  # --block-mib before the default
+    assert _agent(state, block_mib=1024).blocks.block_mib == 1024  # --block-mib before the default
 
 
 def test_the_block_size_comes_from_the_state_then_the_flag_then_the_policys_default() -> None:
@@ -106,4 +106,4 @@ def test_a_state_folder_that_cannot_be_written_costs_nothing_but_a_log_line(
     agent = _agent(state)
     agent.follow_policy({"memory_block_mib": 8192.0})
     agent.follow_policy({"memory_block_mib": 8192.0})  # tried once for a size, not every round
-    assert agent.block_mib == 8192 and caplog.text.count("cannot be written") == 2
+    assert agent.blocks.block_mib == 8192 and caplog.text.count("cannot be written") == 2

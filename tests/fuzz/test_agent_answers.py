@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
-from node_agent.loop import Agent, within_flags
+from node_agent.loop import Agent
 from node_agent.protection.health import HealthArgs
+from node_agent.protection.policy import within_flags
 from node_agent.protection.power import PowerArgs
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.uplink.answer import (
@@ -194,11 +195,14 @@ def test_no_answer_stops_the_agent_pushing_or_loosens_the_protection_it_runs_wit
     body: bytes, flags: PowerArgs
 ) -> None:
     agent = asyncio.run(_two_rounds(body, flags))
-    p = agent.power_args
-    assert p.max_temp_c <= flags.max_temp_c and agent.health_args.max_temp_c <= flags.max_temp_c
+    p = agent.protection.power_args
+    assert (
+        p.max_temp_c <= flags.max_temp_c
+        and agent.protection.health_args.max_temp_c <= flags.max_temp_c
+    )
     assert p.cool_down_s >= flags.cool_down_s
     assert p.saving_enabled or not flags.saving_enabled
     assert _saving_threshold(p.saving_enabled, p.threshold_pct) >= _saving_threshold(
         flags.saving_enabled, flags.threshold_pct
     )
-    assert agent.block_mib >= 256
+    assert agent.blocks.block_mib >= 256

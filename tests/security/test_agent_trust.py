@@ -93,7 +93,7 @@ def ignored(agent: Agent, field: str, reason: str = "invalid") -> float:
 
 def protection(agent: Agent) -> tuple[float, float, bool, float]:
     """maxTemp, cool-down, power saving and its threshold, as local protection follows them."""
-    p = agent.power_args
+    p = agent.protection.power_args
     return p.max_temp_c, p.cool_down_s, p.saving_enabled, p.threshold_pct
 
 
@@ -122,7 +122,7 @@ async def test_an_impossible_max_temp_in_an_answer_is_ignored_counted_and_pushin
         agent = make_agent(client, clock)
         results = await rounds(agent, clock, 3)
     assert results == [{"http://x": "ok"}] * 3  # the agent's own reports stay valid
-    assert agent.hot_threshold_c == 85.0
+    assert agent.reporter.hot_threshold_c == 85.0
     assert ignored(agent, "max_temp_c") == 3.0
 
 
@@ -138,7 +138,7 @@ async def test_a_replica_answering_nonsense_does_not_silence_the_agent_beside_a_
         agent = make_agent(client, clock, ("http://a", "http://b"))
         results = await rounds(agent, clock, 3)
     assert results == [{"http://a": "ok", "http://b": "ok"}] * 3
-    assert agent.hot_threshold_c == 80.0  # the least valid maxTemp, not the nonsense
+    assert agent.reporter.hot_threshold_c == 80.0  # the least valid maxTemp, not the nonsense
 
 
 async def test_each_bad_field_of_an_answer_is_ignored_and_counted_while_the_rest_applies() -> None:
@@ -163,12 +163,12 @@ async def test_each_bad_field_of_an_answer_is_ignored_and_counted_while_the_rest
         agent = make_agent(client, clock)
         (result,) = await rounds(agent, clock, 1)
     assert result == {"http://x": "ok"}
-    assert agent._boost == frozenset({1})
-    assert agent.hot_threshold_c == 80.0
+    assert agent.protection.boost == frozenset({1})
+    assert agent.reporter.hot_threshold_c == 80.0
     assert protection(agent) == (85, 600, True, 90)
-    assert agent.block_mib == 4096  # 16 MiB blocks: under the 256 MiB least
-    assert agent._lend == {"GPU-x": 2}
-    assert agent._testing is None and agent.self_test is None
+    assert agent.blocks.block_mib == 4096  # 16 MiB blocks: under the 256 MiB least
+    assert agent.blocks.lend == {"GPU-x": 2}
+    assert agent.remediation.testing is None and agent.remediation.self_test is None
     for field in ("accepted", "performance_gpus", "policy.max_temp_c", "policy.power_saving",
                   "policy.memory_block_mib", "lend_blocks", "self_test", "reboot"):  # fmt: skip
         assert ignored(agent, field) == 1.0, field
@@ -200,7 +200,7 @@ async def test_a_looser_policy_in_an_answer_cannot_turn_local_protection_off() -
         await rounds(agent, clock, 2)
     # A day's cool-down keeps protection on longer: stricter, so taken.
     assert protection(agent) == (85, 86_400, True, 70)
-    assert agent.health_args.max_temp_c == 85.0
+    assert agent.protection.health_args.max_temp_c == 85.0
     for field in ("max_temp_c", "power_saving", "power_saving_threshold_pct"):
         assert ignored(agent, f"policy.{field}", "looser") == 2.0, field
     assert ignored(agent, "policy.cool_down_s", "looser") == 0.0
