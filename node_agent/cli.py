@@ -24,8 +24,9 @@ from node_agent import __version__
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
 from node_agent.config import AgentSettings
-from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin, DevicePluginServer
+from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin
 from node_agent.deviceplugin.podresources import holders, pod_devices
+from node_agent.deviceplugin.server import DevicePluginServer
 from node_agent.deviceplugin.state import StateFile
 from node_agent.errors import BackendUnavailable
 from node_agent.loop import Agent

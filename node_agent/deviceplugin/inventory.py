@@ -12,7 +12,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from node_agent.deviceplugin.plugin import BlockPlugin, GpuBlocks, device_nodes, gpu_holders
+from node_agent.deviceplugin.devices import GpuBlocks, device_nodes, gpu_holders
+from node_agent.deviceplugin.plugin import BlockPlugin
 from node_agent.deviceplugin.podresources import Listing
 from node_agent.deviceplugin.state import StateFile, starting_block_mib
 from node_agent.model import GpuHealth, GpuHolder, Snapshot

@@ -9,8 +9,7 @@ blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an AMD or Intel GPU's device nodes
 memory budget, only where that GPU is the one chosen at bind: otherwise, or when the choice is
 not known, it fails and says why. The first ``ListAndWatch`` answer waits for the agent's first
 sample. A GPU the agent finds unhealthy has its blocks marked Unhealthy in ``ListAndWatch`` and
-Healthy again when it recovers, with no restart. When kubelet restarts it removes every plugin
-socket: the server notices, starts again and registers again.
+Healthy again when it recovers, with no restart. Its server is ``server.DevicePluginServer``.
 """
 
 from __future__ import annotations
@@ -18,31 +17,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from node_agent.deviceplugin import api_pb2, api_pb2_grpc
-from node_agent.deviceplugin.podresources import Held, PodDevices
-from node_agent.model import GpuHolder
+from node_agent.deviceplugin.devices import (
+    Assigned,
+    GpuBlocks,
+    Lookup,
+    device_id,
+    gpu_of,
+    lent_device_id,
+    preferred,
+)
+from node_agent.deviceplugin.podresources import Held
 
 log = logging.getLogger("node_agent.deviceplugin")
 
 RESOURCE = "edgegpu.io/gpu-mem-block"
-SOCKET = "edgegpu-gpu-mem-block.sock"
-KUBELET_SOCKET = "kubelet.sock"
-API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 LOOKUP_TIMEOUT_S = 2.0
+"""How long admission may wait for the extender's assignments (then: no GPU to steer to, and
+``Allocate`` fails)."""
 SETTLE_S = 2.0
 """How long ``Allocate`` asks again for a pod no extender lists yet: a replica that did not bind
 it learns of it from its watch, and a pod given its node by hand (no bind) is known to the
 extenders only once their watch has seen it."""
-"""How long admission may wait for the extender's assignments (then: no GPU to steer to, and
-``Allocate`` fails)."""
 CLAIM_TTL_S = 600.0
 """A pod matched to an allocation is not matched again for this long (kubelet admits a pod
 once; a pod whose allocation failed is failed, and its owner makes a new one)."""
@@ -54,117 +57,6 @@ MAX_OFFERS = 64
 MAX_REQUEST_IDS = 65_536
 """Device IDs one preferred allocation request may name in all (kubelet names at most the
 node's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuBlocks:
-    """One GPU as kubelet is told of it."""
-
-    uuid: str
-    blocks: int
-    healthy: bool
-    lent: int = 0
-    """Idle blocks of its pods the extender lets best-effort pods borrow, advertised besides."""
-    device_nodes: tuple[str, ...] = ()
-    """An AMD or Intel GPU's device nodes, given to the container; empty for NVIDIA (the
-    container runtime reads ``NVIDIA_VISIBLE_DEVICES``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Assigned:
-    """A pod the extender placed on this node, and the GPU it chose."""
-
-    uid: str
-    namespace: str
-    name: str
-    gpu_uuid: str
-    blocks: int
-    assigned_at: float
-    phase: str | None
-    containers: tuple[int, ...] = ()
-    """Blocks each container asks for (kubelet allocates per container); empty: ``blocks``."""
-
-
-Lookup = Callable[[], Awaitable[list[Assigned] | None]]
-"""The GPU assignments on this node from the extender; None when no extender answered."""
-
-
-def device_id(uuid: str, k: int) -> str:
-    """The device kubelet sees for block ``k`` of a GPU."""
-    return f"{uuid}::{k}"
-
-
-def device_nodes(
-    vendor: str, pci_bus_id: str | None, sys_root: Path = Path("/sys")
-) -> tuple[str, ...]:
-    """The device nodes a container needs for one AMD or Intel GPU; empty when not found.
-
-    Its DRM card and render nodes, as sysfs lists them under its PCI device, and for AMD the
-    compute interface ``/dev/kfd`` that every AMD GPU shares.
-    """
-    if not pci_bus_id:
-        return ()
-    drm = sys_root / "bus" / "pci" / "devices" / pci_bus_id.lower() / "drm"
-    try:
-        names = sorted(e.name for e in drm.iterdir() if e.name.startswith(("card", "renderD")))
-    except OSError:
-        return ()
-    if not names:
-        return ()
-    nodes = tuple(f"/dev/dri/{name}" for name in names)
-    return ("/dev/kfd", *nodes) if vendor == "amd" else nodes
-
-
-def lent_device_id(uuid: str, k: int) -> str:
-    """The device kubelet sees for the ``k``-th idle block a GPU lends."""
-    return f"{uuid}::lent-{k}"
-
-
-def gpu_of(device: str) -> str:
-    """The GPU uuid a block device belongs to."""
-    return device.rsplit("::", 1)[0]
-
-
-def gpu_holders(pods: Iterable[PodDevices]) -> list[GpuHolder]:
-    """Which GPU's blocks each pod holds, from kubelet's record of the devices it gave.
-
-    A pod's blocks of one GPU are counted once each (an init container's blocks are given
-    again to the app container); a pod holding blocks of two GPUs is listed once per GPU.
-    Sorted by namespace, pod and GPU.
-    """
-    held: dict[tuple[str, str, str], set[str]] = {}
-    for pod in pods:
-        for ids in pod.containers:
-            for device in ids:
-                held.setdefault((pod.namespace, pod.name, gpu_of(device)), set()).add(device)
-    return [GpuHolder(ns, name, gpu, len(ids)) for (ns, name, gpu), ids in sorted(held.items())]
-
-
-def preferred(
-    available: Sequence[str], must: Sequence[str], size: int, target: str | None
-) -> list[str]:
-    """``size`` blocks, all on one GPU where possible; linear in the number of IDs.
-
-    The GPU of ``must`` if given, else ``target`` (the extender's choice) if it has room, else
-    the GPU that fits most tightly.
-    """
-    by_gpu: dict[str, list[str]] = {}
-    for device in available:
-        by_gpu.setdefault(gpu_of(device), []).append(device)
-    if must:
-        gpu = gpu_of(must[0])
-    elif target is not None and len(by_gpu.get(target, ())) >= size:
-        gpu = target
-    else:
-        fits = [g for g, ds in by_gpu.items() if len(ds) >= size]
-        gpu = min(fits, key=lambda g: (len(by_gpu[g]), g)) if fits else ""
-    chosen: dict[str, None] = {}  # ordered, and membership in constant time
-    for device in (*must, *by_gpu.get(gpu, ()), *available):
-        # The chosen GPU's blocks; not enough on one GPU: kubelet will refuse or spread anyway.
-        if len(chosen) >= size:
-            break
-        chosen.setdefault(device)
-    return list(chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +87,9 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> None:
         self._lookup = lookup
         self._held = held
+        """kubelet's record of the containers given blocks already (survives our restarts)."""
         self._settle_s = settle_s
         """``SETTLE_S`` in the agent; 0 asks once."""
-        """kubelet's record of the containers given blocks already (survives our restarts)."""
         self._block_mib = block_mib
         self._clock = clock
         self._gpus: tuple[GpuBlocks, ...] = ()
@@ -450,100 +342,3 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         self._claimed[f"{pod.uid}/{k}"] = now
         log.info("matched %s/%s container %d: %s", pod.namespace, pod.name, k, pod.gpu_uuid)
         return pod, k
-
-
-class DevicePluginServer:
-    """Serves a plugin on its socket in kubelet's device-plugins folder and registers it.
-
-    Starts again and registers again whenever its socket disappears or kubelet's socket is
-    replaced (a kubelet restart removes every plugin socket).
-    """
-
-    def __init__(
-        self,
-        plugin: BlockPlugin,
-        folder: Path,
-        *,
-        resource: str = RESOURCE,
-        socket: str = SOCKET,
-        poll_s: float = 1.0,
-    ) -> None:
-        self.plugin = plugin
-        self.folder = folder
-        self.resource = resource
-        self.socket = socket
-        self.poll_s = poll_s
-        self.registrations = 0
-
-    @property
-    def path(self) -> Path:
-        """The plugin's socket."""
-        return self.folder / self.socket
-
-    def _kubelet_id(self) -> tuple[int, int] | None:
-        try:
-            st = (self.folder / KUBELET_SOCKET).stat()
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns
-
-    async def _register(self) -> None:
-        target = f"unix://{self.folder / KUBELET_SOCKET}"
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
-            await stub.Register(
-                api_pb2.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.socket,
-                    resource_name=self.resource,
-                    options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
-                ),
-                timeout=10.0,
-            )
-        self.registrations += 1
-        log.info("registered %s with kubelet (%s)", self.resource, self.path)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Serve and stay registered until ``stop``; no error ends it (nor the agent)."""
-        warned = False
-        while not stop.is_set():
-            kubelet = self._kubelet_id()
-            if kubelet is None:
-                if not warned:
-                    log.warning("no kubelet socket in %s yet: waiting", self.folder)
-                    warned = True
-                await _sleep(stop, self.poll_s)
-                continue
-            warned = False
-            try:
-                await self._serve(stop, kubelet)
-            except Exception as exc:  # a folder it cannot write, a path too long for a socket
-                log.error("device plugin on %s: %s; trying again", self.path, exc)
-                await _sleep(stop, max(self.poll_s, 5.0))
-        self.path.unlink(missing_ok=True)
-
-    async def _serve(self, stop: asyncio.Event, kubelet: tuple[int, int]) -> None:
-        """One server's life: until kubelet restarts, our socket goes, or ``stop``."""
-        server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.plugin, server)  # type: ignore[no-untyped-call]
-        self.path.unlink(missing_ok=True)
-        server.add_insecure_port(f"unix://{self.path}")
-        await server.start()
-        try:
-            await self._register()
-            while not stop.is_set() and self.path.exists() and self._kubelet_id() == kubelet:
-                await _sleep(stop, self.poll_s)
-            if not stop.is_set():
-                log.warning("kubelet restarted (or our socket was removed): registering again")
-        except grpc.aio.AioRpcError as exc:
-            log.warning("registering with kubelet failed: %s; retrying", exc.details())
-            await _sleep(stop, self.poll_s)
-        finally:
-            await server.stop(grace=0.5)
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

@@ -16,7 +16,8 @@ import re
 
 import httpx
 
-from node_agent.deviceplugin.plugin import LOOKUP_TIMEOUT_S, Assigned
+from node_agent.deviceplugin.devices import Assigned
+from node_agent.deviceplugin.plugin import LOOKUP_TIMEOUT_S
 from node_agent.uplink.answer import GPU_UUID_PATTERN
 from node_agent.uplink.replicas import AnswerTooLarge, Replica, head, read_capped, tls_name
 

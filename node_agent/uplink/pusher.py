@@ -19,7 +19,7 @@ from typing import Literal
 
 import httpx
 
-from node_agent.deviceplugin.plugin import Assigned
+from node_agent.deviceplugin.devices import Assigned
 from node_agent.uplink import assignments
 from node_agent.uplink.answer import Ask, PushAnswer, read_answer
 from node_agent.uplink.replicas import (

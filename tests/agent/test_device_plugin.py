@@ -18,17 +18,10 @@ from prometheus_client import CollectorRegistry
 
 from node_agent.backends.simulated import SimulatedBackend
 from node_agent.deviceplugin import api_pb2, api_pb2_grpc, podresources_pb2, podresources_pb2_grpc
-from node_agent.deviceplugin.plugin import (
-    RESOURCE,
-    SOCKET,
-    Assigned,
-    BlockPlugin,
-    DevicePluginServer,
-    GpuBlocks,
-    gpu_of,
-    preferred,
-)
+from node_agent.deviceplugin.devices import Assigned, GpuBlocks, gpu_of, preferred
+from node_agent.deviceplugin.plugin import RESOURCE, BlockPlugin
 from node_agent.deviceplugin.podresources import holders, pod_devices
+from node_agent.deviceplugin.server import SOCKET, DevicePluginServer
 from node_agent.loop import Agent
 from node_agent.model import GpuHolder
 from node_agent.protection.health import HealthArgs

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from node_agent.deviceplugin.plugin import gpu_of
+from node_agent.deviceplugin.devices import gpu_of
 from tests.e2e.conftest import Cluster, extra_node, reported, until
 from tests.e2e.edgegpu import NAMESPACE, Agent, Extender
 from tests.e2e.fake_kubelet import DeviceManager

@@ -23,7 +23,8 @@ from node_agent.backends.simulated import SimulatedBackend
 from node_agent.cli import command_line, extender_ca, extender_client, extender_pusher
 from node_agent.config import AgentSettings
 from node_agent.deviceplugin import api_pb2
-from node_agent.deviceplugin.plugin import Assigned, BlockPlugin, GpuBlocks
+from node_agent.deviceplugin.devices import Assigned, GpuBlocks
+from node_agent.deviceplugin.plugin import BlockPlugin
 from node_agent.loop import Agent
 from node_agent.protection.health import HealthArgs
 from node_agent.protection.power import PowerArgs
