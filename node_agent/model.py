@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DEFAULT_BLOCK_MIB = 4096
+"""MiB per ``edgegpu.io/gpu-mem-block`` when neither an extender nor the agent's state says
+otherwise: the policy's default ``spec.memory.blockMiB`` (the agent may not import the policy;
+a test keeps the two equal)."""
 MIN_BLOCK_MIB = 256
 """The smallest block the policy allows: smaller ones make more devices than kubelet's gRPC
 message limit carries."""
 MAX_BLOCK_MIB = 1_048_576
-"""MiB per ``edgegpu.io/gpu-mem-block`` when neither an extender nor the agent's state says
-otherwise: the policy's default ``spec.memory.blockMiB`` (the agent may not import the policy;
-a test keeps the two equal)."""
+"""The largest block size taken from an extender's answer, the state file or ``--block-mib``."""
 
 
 @dataclass(frozen=True, slots=True)

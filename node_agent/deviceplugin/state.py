@@ -17,8 +17,6 @@ from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
 
 log = logging.getLogger("node_agent")
 
-"""The largest block size taken from the file (the push answer's bound too)."""
-
 
 class StateFile:
     """``<folder>/agent-<node>.json``.
