@@ -73,6 +73,18 @@ class ExtenderSettings(BaseSettings):
         description="Who may read / and /debug/*: everyone who reaches the port, loopback "
         "clients only (kubectl port-forward, exec), or nobody (404).",
     )
+    filter_answer: Literal["best", "all"] = Field(
+        "best",
+        description="What filter answers when nodes fit: the single best node by the full "
+        "policy score (kube-scheduler then skips scoring; its own scorers and the extender "
+        "weight no longer matter for the pods sent here), or every node that fits (scored "
+        "at prioritize, 0..10 points weighed with kube-scheduler's own scorers).",
+    )
+    tie_seed: int | None = Field(
+        None,
+        description="Seed of the random choice among equally good nodes (unset: a new seed "
+        "at each start). For reproducible benchmarks.",
+    )
     scheduler_names: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
         ["edgegpu-scheduler"],
         min_length=1,

@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 
 from scheduler_extender.api.app import create_app
+from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.telemetry.clock import FakeClock
 
 
@@ -24,6 +25,15 @@ def app(clock: FakeClock) -> FastAPI:
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
+        yield c
+
+
+@pytest.fixture
+async def all_client(clock: FakeClock) -> AsyncIterator[httpx.AsyncClient]:
+    """An extender whose filter answers every node that fits (``--filter-answer all``)."""
+    app = create_app(ExtenderSettings(filter_answer="all"), clock=clock)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
     async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
         yield c

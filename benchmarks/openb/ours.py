@@ -34,7 +34,7 @@ from scheduler_extender.policy.combine import (
 )
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
-from scheduler_extender.state.decisions import DemandKey, demand_key
+from scheduler_extender.state.verdicts import DemandKey, demand_key
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

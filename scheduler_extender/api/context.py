@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 from fastapi import Request
 
 from scheduler_extender.config import ExtenderSettings
@@ -40,7 +41,11 @@ class AppContext:
     push_bodies: BodyBudget = field(init=False)
     """Telemetry push bodies held at once."""
 
+    rng: np.random.Generator = field(init=False)
+    """Breaks ties between equally good nodes."""
+
     def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.settings.tie_seed)
         self.request_bodies = BodyBudget(self.settings.max_inflight_request_bytes)
         self.push_bodies = BodyBudget(self.settings.max_inflight_telemetry_bytes)
 

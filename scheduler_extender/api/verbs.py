@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
@@ -22,7 +21,6 @@ from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.policy.base import REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
 from scheduler_extender.policy.rules import TERMS
-from scheduler_extender.state.decisions import demand_key
 
 log = logging.getLogger("scheduler_extender")
 
@@ -45,32 +43,39 @@ def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
 
 
 def filter_verb(ctx: AppContext, body: bytes) -> bytes:
-    """``POST /filter``: the nodes that can take the pod, and why the others cannot."""
+    """``POST /filter``: the nodes that can take the pod, and why the others cannot.
+
+    In the ``best`` mode (``--filter-answer``) only the best node is answered, and the pod's
+    GPUs are reserved there; the reasons of the others are given only when no node fits, so
+    that FailedScheduling events and preemption see them.
+    """
     try:
         args = wire.parse_extender_args(body, "filter")
         demand = _demand(ctx, args.pod)
-        if ctx.state.reserved(demand.uid):
-            ctx.state.release(demand.uid)  # filtered again: the cycle that reserved did not bind
+        state = ctx.state
+        if state.reserved(demand.uid):
+            state.release(demand.uid)  # filtered again: the cycle that reserved did not bind
         names = args.candidates()
-        decision = ctx.state.decider.decide(names, demand, args.labels(), args.raw_names)
+        decision = state.decide(names, demand, args.labels())
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
-        nameset = decision.nameset
-        if args.raw_names is not None and nameset is not None:
-            # Names mode: the answer is written from the request's own bytes, no dicts.
-            return nameset.filter_json(decision.passed, decision.reason, demand_key(demand))
-        failing = np.flatnonzero(~decision.passed)
+        passed = decision.passed
+        if ctx.settings.filter_answer == "best" and (best := decision.best(ctx.rng)) is not None:
+            _reserve(ctx, demand, names[best])
+            passed = np.zeros(len(names), dtype=np.bool_)
+            passed[best] = True
+            return wire.encode_filter_result(args, passed.tolist())
+        failing = np.flatnonzero(~passed)
         codes = decision.reason[failing]
-        resolvable = REASON_RESOLVABLE[codes]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name, text, ok in zip(
             [names[i] for i in failing.tolist()],
             REASON_TEXT[codes].tolist(),
-            resolvable.tolist(),
+            REASON_RESOLVABLE[codes].tolist(),
             strict=True,
         ):
             (failed if ok else unresolvable)[name] = text
-        return wire.encode_filter_result(args, decision.passed.tolist(), failed, unresolvable)
+        return wire.encode_filter_result(args, passed.tolist(), failed, unresolvable)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("filter", "malformed").inc()
         _refused("filter", exc)
@@ -84,19 +89,20 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
 
 
 def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
-    """``POST /prioritize``: a 0..10 score for every node sent, and only those."""
+    """``POST /prioritize``: a 0..10 score for every node sent, and only those.
+
+    In the ``all`` mode the pod's GPUs are reserved on the node it scores best on, the
+    scheduler's likely choice (filter reserved them already in the ``best`` mode).
+    """
     try:
         args = wire.parse_extender_args(body, "prioritize")
         demand = _demand(ctx, args.pod)
         names = args.candidates()
-        decision = ctx.state.decider.decide(
-            names, demand, args.labels(), args.raw_names, verb="prioritize"
-        )
-        if decision.nameset is not None and args.raw_names is not None:
-            answer = decision.nameset.priorities(decision.points, demand_key(demand))
-        else:
-            answer = wire.encode_priorities(names, decision.points.tolist())
-        _reserve_best(ctx, demand, names, decision.passed, decision.points)
+        decision = ctx.state.decide(names, demand, args.labels())
+        answer = wire.encode_priorities(names, decision.points.tolist())
+        if ctx.settings.filter_answer == "all" and decision.passed.any():
+            points = np.where(decision.passed, decision.points, -1)
+            _reserve(ctx, demand, names[int(np.argmax(points))])
         return answer
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
@@ -108,26 +114,19 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
     return b"[]"
 
 
-def _reserve_best(
-    ctx: AppContext,
-    demand: PodDemand,
-    names: list[str],
-    passed: npt.NDArray[np.bool_],
-    points: npt.NDArray[np.int64],
-) -> None:
-    """Reserve the pod's GPUs on the node it scores best on, the scheduler's likely choice.
+def _reserve(ctx: AppContext, demand: PodDemand, node: str) -> None:
+    """Reserve the pod's GPUs on ``node``, the scheduler's choice to come.
 
     Only where binds come (a cluster), and not for a pod that holds GPUs already (bound, or
     read back from its annotations). Bind takes the reservation over, or moves it to the node
     the scheduler chose instead.
     """
-    if ctx.binder is None or not demand.wants_gpu or not passed.any():
+    if ctx.binder is None or not demand.wants_gpu:
         return
     state = ctx.state
     if state.allocations.get(demand.uid) is not None and not state.reserved(demand.uid):
         return
-    best = names[int(np.argmax(np.where(passed, points, -1)))]
-    assignment, _ = choose_assignment(ctx, demand, best)
+    assignment, _ = choose_assignment(ctx, demand, node)
     if assignment is not None:
         state.reserve(assignment)
 
@@ -325,16 +324,16 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
             )
         # A retried bind finds the assignment already recorded (perhaps read back from the
         # pod, and so authoritative): keep it as it is. A pod without GPUs has none to record.
+        reserved = ctx.state.reserved(assignment.pod_uid)
         added = demand.wants_gpu and (
-            ctx.state.allocations.get(assignment.pod_uid) != assignment
-            or ctx.state.reserved(assignment.pod_uid)
+            ctx.state.allocations.get(assignment.pod_uid) != assignment or reserved
         )
         if added:
             ctx.state.assign(assignment)
         try:
             await ctx.binder.bind(assignment)
         except BindError as exc:
-            if added:
+            if added or reserved:
                 ctx.state.release(assignment.pod_uid)
             ctx.metrics.binds.labels("failed").inc()
             return wire.encode_binding_result(f"edgegpu: bind failed: {exc}")

@@ -7,7 +7,6 @@ structures: no per-node model objects. Imports orjson and ``errors`` only.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -77,8 +76,6 @@ class ExtenderArgs:
     """Full Node objects, set when it is not."""
     nodes_names: list[str] | None
     """``metadata.name`` of each of ``nodes``."""
-    raw_names: bytes | None = None
-    """The NodeNames array exactly as sent (a cache key: the scheduler repeats lists)."""
 
     def candidates(self) -> list[str]:
         """Every node name to decide on, without duplicates, in request order."""
@@ -100,19 +97,7 @@ class ExtenderArgs:
 
 
 def parse_extender_args(body: bytes, what: str = "filter") -> ExtenderArgs:
-    """Parse ``ExtenderArgs``; raises RequestError with the bad key named.
-
-    kube-scheduler sends the same candidate list again and again. When the NodeNames array
-    (the last field, as Go writes it) is one seen before, only the rest of the body is parsed
-    and the list parsed the first time is reused: the same bytes always parse to the same list.
-    """
-    known = _SEEN.find(body)
-    if known is not None:
-        rest, raw, seen = known
-        doc = _top(rest, what)
-        return ExtenderArgs(
-            pod=_pod(doc, what), node_names=seen, nodes=None, nodes_names=None, raw_names=raw
-        )
+    """Parse ``ExtenderArgs``; raises RequestError with the bad key named."""
     doc = _top(body, what)
     pod = _pod(doc, what)
     names = doc.get("nodenames")
@@ -135,83 +120,7 @@ def parse_extender_args(body: bytes, what: str = "filter") -> ExtenderArgs:
         items = raw_items
     if names is None and items is None:
         raise RequestError(f"{what}: neither NodeNames nor Nodes is set")
-    raw_names = None
-    if names is not None and items is None:
-        array = _names_array(body)
-        if array is not None:
-            raw_names = _SEEN.add(array, names)
-    return ExtenderArgs(
-        pod=pod, node_names=names, nodes=items, nodes_names=item_names, raw_names=raw_names
-    )
-
-
-_NAMES_KEY = b'"NodeNames":'
-
-
-class _SeenLists:
-    """NodeNames arrays seen lately, by their exact bytes, with the list each parsed to.
-
-    A known array is found in a new body without copying or hashing it: Go writes NodeNames
-    as the last field, so the body ends with ``"NodeNames":[...]}``, and each known length
-    costs one comparison in place. The bytes object handed out is the stored one, whose hash
-    Python keeps, so later lookups by it (``NameSets``) cost nothing either.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._lists: OrderedDict[bytes, list[str]] = OrderedDict()
-        self._by_length: dict[int, list[bytes]] = {}
-        self._size = size
-
-    def find(self, body: bytes) -> tuple[bytes, bytes, list[str]] | None:
-        """(body with NodeNames set to null, the array's bytes, its names) for a known array."""
-        if not body.endswith(b"]}"):
-            return None
-        end = len(body) - 1
-        for length, raws in self._by_length.items():
-            start = end - length
-            if start < len(_NAMES_KEY) or not body.startswith(_NAMES_KEY, start - len(_NAMES_KEY)):
-                continue
-            for raw in raws:
-                if body.startswith(raw, start):
-                    self._lists.move_to_end(raw)
-                    return body[:start] + b"null}", raw, self._lists[raw]
-        return None
-
-    def add(self, raw: bytes, names: list[str]) -> bytes:
-        """Remember an array; returns the bytes object to use as its key from now on."""
-        if raw in self._lists:
-            return next(r for r in self._by_length[len(raw)] if r == raw)
-        self._lists[raw] = names
-        self._by_length.setdefault(len(raw), []).append(raw)
-        while len(self._lists) > self._size:
-            old, _ = self._lists.popitem(last=False)
-            same = self._by_length[len(old)]
-            same.remove(old)
-            if not same:
-                del self._by_length[len(old)]
-        return raw
-
-
-_SEEN = _SeenLists(64)
-
-
-def _names_array(body: bytes) -> bytes | None:
-    """The NodeNames array's bytes, when they can be cut out of the body.
-
-    Only the form Go's encoder writes is cut: ``"NodeNames":[...]`` as the last field of the
-    top-level object. Node names are DNS names (no quotes, brackets or escapes), so the array
-    ends at the first ']' after it. Anything else is parsed the ordinary way.
-    """
-    at = body.rfind(_NAMES_KEY)
-    if at < 0:
-        return None
-    start = at + len(_NAMES_KEY)
-    if body[start : start + 1] != b"[":
-        return None
-    end = body.find(b"]", start)
-    if end < 0 or body[end + 1 :].strip() != b"}":
-        return None
-    return body[start : end + 1]
+    return ExtenderArgs(pod=pod, node_names=names, nodes=items, nodes_names=item_names)
 
 
 def encode_filter_result(

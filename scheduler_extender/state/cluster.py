@@ -30,10 +30,10 @@ from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.report import DIGEST_COLUMNS, Digest, PodHolder
 from scheduler_extender.state import lending as lending_rules
 from scheduler_extender.state.allocations import Allocations
-from scheduler_extender.state.decide import Decider
-from scheduler_extender.state.decisions import VerdictCache
+from scheduler_extender.state.decide import Decision, decide
 from scheduler_extender.state.host import HostLedger
 from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
+from scheduler_extender.state.verdicts import VerdictCache
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, TelemetryStore
@@ -91,7 +91,6 @@ class ClusterState:
         self.verdicts = VerdictCache()
         """Per-row GPU facts and verdicts by demand shape, kept until a row is written."""
         self._mix = MixLearner(policy.spec.fragmentation)
-        self.decider = Decider(self)
         self._room_dirty: set[int] = set()
         """Rows whose free room (blocks, idle GPUs) must be recounted before racks are summed."""
         self._rack_free_cache: dict[bool, tuple[tuple[int, int, int], npt.NDArray[np.float64]]] = {}
@@ -425,6 +424,26 @@ class ClusterState:
         return Context(
             now=now, group_racks=group_racks, rack_free=self._rack_free(demand), mix=self.mix
         )
+
+    def decide(
+        self,
+        names: Sequence[str],
+        demand: PodDemand,
+        labels: Sequence[Mapping[str, str] | None] | None = None,
+    ) -> Decision:
+        """Filter and prioritize verdicts of the named nodes for a pod (the request path).
+
+        The same verdicts as ``evaluate``, from the per-row caches; ``labels`` (full Node
+        objects) override racks.
+        """
+        self.expire()
+        rows = self.table.rows(names)
+        racks = None
+        if labels is not None and demand.group is not None:
+            col = self.table.column
+            racks = self.override_racks(col("rack")[rows], col("rdma")[rows], labels)
+        ctx = self.context(demand)
+        return decide(self.table, self.verdicts, rows, demand, self.policy, self.mix, ctx, racks)
 
     def evaluate(
         self,

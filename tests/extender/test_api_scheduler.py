@@ -17,7 +17,8 @@ async def push(client, *reports):
         assert resp.json()["accepted"] is True
 
 
-async def test_filter_in_names_mode_answers_with_names_only(client):
+async def test_filter_in_names_mode_answers_with_names_only(all_client):
+    client = all_client
     await push(client, report("a"), report("b", [gpu(0, temperature_c=95.0)]))
     resp = await client.post("/filter", json=args_names(pod(qos="training"), ["a", "b", "ghost"]))
     assert resp.status_code == 200
@@ -29,7 +30,8 @@ async def test_filter_in_names_mode_answers_with_names_only(client):
     assert body["Error"] == ""
 
 
-async def test_filter_in_nodes_mode_returns_the_same_node_objects_unchanged(client):
+async def test_filter_in_nodes_mode_returns_the_same_node_objects_unchanged(all_client):
+    client = all_client
     await push(client, report("a"), report("b", [gpu(0, health="unhealthy")]))
     nodes = [node_object("a", {"x": "1"}), node_object("b")]
     resp = await client.post("/filter", json=args_nodes(pod(), nodes))
@@ -113,9 +115,70 @@ async def test_ten_thousand_unknown_nodes_are_answered(client):
     assert [h["Host"] for h in resp.json()] == names
 
 
-async def test_a_pod_asking_for_no_gpu_passes_every_node(client):
-    resp = await client.post("/filter", json=args_names(pod(blocks=None), ["x", "y"]))
+async def test_a_pod_asking_for_no_gpu_passes_every_node(all_client):
+    resp = await all_client.post("/filter", json=args_names(pod(blocks=None), ["x", "y"]))
     assert resp.json()["NodeNames"] == ["x", "y"]
+
+
+async def test_filter_answers_only_the_best_node_and_reserves_the_pods_gpus_there(clock):
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    state = app.state.ctx.state
+    async with client:
+        await push(
+            client,
+            report("warm", [gpu(0, temperature_c=80.0)]),
+            report("cool", [gpu(0, temperature_c=35.0)]),
+            report("hot", [gpu(0, temperature_c=95.0)]),
+        )
+        body = args_names(pod("p", qos="training"), ["warm", "cool", "hot"])
+        answer = (await client.post("/filter", json=body)).json()
+        # The others are left out, not failed: kube-scheduler has nothing left to score.
+        assert answer["NodeNames"] == ["cool"]
+        assert answer["FailedNodes"] == {} and answer["FailedAndUnresolvableNodes"] == {}
+        held = state.allocations.get("uid-p")
+        assert state.reserved("uid-p") and held is not None and held.node == "cool"
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "cool"}
+        assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
+        assert binder.calls[-1].node == "cool" and not state.reserved("uid-p")
+
+
+async def test_with_every_fitting_node_answered_prioritize_reserves_the_best_scored(clock):
+    import httpx
+
+    settings = ExtenderSettings(filter_answer="all")
+    app = create_app(settings, clock=clock, binder=RecordingBinder())
+    state = app.state.ctx.state
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        await push(client, report("warm", [gpu(0, temperature_c=80.0)]), report("cool"))
+        body = args_names(pod("p", qos="training"), ["warm", "cool"])
+        assert (await client.post("/filter", json=body)).json()["NodeNames"] == ["warm", "cool"]
+        assert not state.reserved("uid-p")
+        await client.post("/prioritize", json=body)
+        held = state.allocations.get("uid-p")
+        assert state.reserved("uid-p") and held is not None and held.node == "cool"
+
+
+async def test_equally_good_nodes_are_chosen_at_random_and_a_seed_repeats_the_choices(clock):
+    import httpx
+
+    names = [f"twin-{i}" for i in range(8)]
+    runs = []
+    for seed in (7, 7, 8):
+        app = create_app(ExtenderSettings(tie_seed=seed), clock=clock)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            await push(client, *(report(n) for n in names))
+            chosen = []
+            for k in range(12):
+                body = args_names(pod(f"p{k}", blocks=1), names)
+                (node,) = (await client.post("/filter", json=body)).json()["NodeNames"]
+                chosen.append(node)
+        runs.append(chosen)
+    assert runs[0] == runs[1]  # the same seed: the same choices
+    assert len(set(runs[0])) > 1  # ties are spread, not the first name every time
+    assert runs[2] != runs[0]
 
 
 async def test_the_verbs_also_answer_under_a_path_prefix(clock):
@@ -304,13 +367,13 @@ async def test_cpu_only_pods_score_by_the_gpus_they_would_strand_and_bind_withou
             await client.post("/filter", json=args_names(gpu_pod, ["roomy", "tight"]))
         cpu_pod = pod("c", blocks=None, requests={"cpu": "12", "memory": "8Gi"})
         names = ["roomy", "tight", "cpu-node"]
-        assert (await client.post("/filter", json=args_names(cpu_pod, names))).json()[
-            "NodeNames"
-        ] == names
+        answer = (await client.post("/filter", json=args_names(cpu_pod, names))).json()
+        (chosen,) = answer["NodeNames"]
         resp = await client.post("/prioritize", json=args_names(cpu_pod, names))
         scores = {h["Host"]: h["Score"] for h in resp.json()}
         # 12 cores on "tight" would leave 4 for its 4 idle GPUs: it strands GPUs there.
         assert scores["tight"] < scores["roomy"] and scores["tight"] < scores["cpu-node"]
+        assert scores[chosen] == max(scores.values())
         bind = {"PodName": "c", "PodNamespace": "default", "PodUID": "uid-c", "Node": "roomy"}
         assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
         assert binder.calls[-1].gpu_indices == ()  # bound, with no GPU annotation to write

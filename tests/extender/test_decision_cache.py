@@ -1,4 +1,4 @@
-"""The cached request path must give exactly the answers of the pure policy, always."""
+"""The request path, from its per-row caches, must give exactly the answers of the pure policy."""
 
 import itertools
 import random
@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from scheduler_extender.api import verbs
 from scheduler_extender.api.app import create_app
 from scheduler_extender.k8s.translate import pod_demand
-from scheduler_extender.state.decisions import NameSet, distinct
+from scheduler_extender.state.verdicts import distinct
 from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import args_names, gpu, pod, report
@@ -39,16 +39,11 @@ def fleet(clock, nodes=40, seed=0):
     st.sampled_from(["inference", "training", "best-effort", "realtime"]),
     st.integers(1, 4),
     st.booleans(),
-    st.booleans(),
 )
-def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(
-    seed, qos, blocks, whole, by_bytes
-):
-    """By bytes, a list's last decision is kept and only its changed rows are decided again."""
+def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(seed, qos, blocks, whole):
     clock = FakeClock()
     app, state, rng = fleet(clock, seed=seed)
     names = [f"n{i}" for i in rng.sample(range(45), 30)]  # some never reported
-    raw = orjson.dumps(names) if by_bytes else None
     spec = pod(
         "p",
         blocks=None if whole else blocks,
@@ -58,12 +53,13 @@ def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(
     )
     demand = pod_demand(spec, state.policy.spec.qos)
     for step in range(10):
-        a = state.decider.decide(names, demand, raw_names=raw)
+        a = state.decide(names, demand)
         b = state.evaluate(names, demand)
         assert (
             (a.passed == b.passed).all()
             and (a.reason == b.reason).all()
             and (a.points == b.points).all()
+            and np.allclose(a.score, b.score)
         )
         # Change the world between requests: a push (or none), time passing (past cool-downs
         # and into staleness), a reservation, a node that leaves, one that joins.
@@ -84,54 +80,13 @@ def test_only_changed_rows_are_recomputed(clock):
     _, state, _ = fleet(clock, nodes=30)
     names = [f"n{i}" for i in range(30)]
     demand = pod_demand(pod("p"), state.policy.spec.qos)
-    state.decider.decide(names, demand)
+    state.decide(names, demand)
     before = state.verdicts.recomputed_rows
-    state.decider.decide(names, demand)
+    state.decide(names, demand)
     assert state.verdicts.recomputed_rows == before
     state.ingest(report_from(report("n3", [gpu(0)])))
-    state.decider.decide(names, demand)
+    state.decide(names, demand)
     assert state.verdicts.recomputed_rows == before + 1
-
-
-def test_written_answers_are_the_json_they_stand_for():
-    names = ["a", "b-1", "c.example", "d", "e"]
-    raw = orjson.dumps(names)
-    ns = NameSet(names, np.arange(5), 0, raw=raw)
-    for mask in (
-        [1, 1, 1, 1, 1],
-        [0, 1, 1, 1, 1],
-        [1, 0, 1, 0, 1],
-        [0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0],
-        [0, 0, 1, 0, 0],
-    ):
-        passed = np.array(mask, dtype=bool)
-        assert orjson.loads(ns.names_json(passed)) == [
-            n for n, m in zip(names, mask, strict=True) if m
-        ]
-    # Many failures take the byte-mask path; whitespace between names is allowed.
-    many = [f"edge-{i:04d}" for i in range(200)]
-    rng = np.random.default_rng(7)
-    for raw_many in (
-        orjson.dumps(many),
-        b"[ " + b" , ".join(orjson.dumps(n) for n in many) + b" ]",
-    ):
-        big = NameSet(many, np.arange(200), 0, raw=raw_many)
-        for share in (0.3, 0.7, 0.99):
-            mask = rng.random(200) < share
-            mask[-1] = bool(share < 0.5)  # the last name both failing and passing
-            assert orjson.loads(big.names_json(mask)) == [
-                n for n, m in zip(many, mask.tolist(), strict=True) if m
-            ]
-    odd = NameSet(['a"b', "c"], np.arange(2), 0, raw=orjson.dumps(['a"b', "c"]))
-    assert orjson.loads(odd.names_json(np.array([True, False]))) == ['a"b']
-    texts = np.array([b'"x"', b'"y"'], dtype=object)
-    assert orjson.loads(ns.failures_json(np.array([1, 3]), texts)) == {"b-1": "x", "d": "y"}
-    assert ns.failures_json(np.array([], dtype=np.int64), texts[:0]) == b"{}"
-    points = np.array([0, 10, 7, 3, 10])
-    assert orjson.loads(ns.priorities(points)) == [
-        {"Host": n, "Score": int(p)} for n, p in zip(names, points, strict=True)
-    ]
 
 
 async def test_the_answer_is_the_same_however_the_request_is_spelled(client):
@@ -149,7 +104,7 @@ async def test_the_answer_is_the_same_however_the_request_is_spelled(client):
         p = orjson.loads((await client.post("/prioritize", content=variant, headers=JSON)).content)
         answers.append((f, sorted((h["Host"], h["Score"]) for h in p)))
     assert all(a == answers[0] for a in answers)
-    assert answers[0][0]["NodeNames"] == ["n0", "n2"]
+    assert answers[0][0]["NodeNames"] == ["n0"]  # the coolest: the best for training
 
 
 def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_changes(clock):
@@ -169,7 +124,7 @@ def test_fragmentation_scoring_keeps_decide_and_evaluate_in_step_as_the_mix_chan
         )
         demand = pod_demand(spec, state.policy.spec.qos)
         state.remember_demand(demand)  # as filter and prioritize do
-        a = state.decider.decide(names, demand)
+        a = state.decide(names, demand)
         b = state.evaluate(names, demand)
         assert (a.passed == b.passed).all() and (a.points == b.points).all()
         versions.add(state.mix.version)
@@ -184,7 +139,6 @@ def test_host_room_and_cpu_only_pods_keep_decide_and_evaluate_in_step(clock, ste
     spec = {"fragmentation": {"enabled": True, "refreshEvery": 3, "hostWeight": 1.0}}
     state.set_policy(parse_policy({"spec": {**spec, "prioritize": {"relativeStep": step}}}))
     names = [f"n{i}" for i in range(30)]
-    raw = orjson.dumps(names)
     for i in range(0, 30, 2):  # half the nodes have a Node object with allocatable
         state.set_host_allocatable(f"n{i}", 16_000.0, 65_536.0)
     spread = set()
@@ -193,8 +147,8 @@ def test_host_room_and_cpu_only_pods_keep_decide_and_evaluate_in_step(clock, ste
         spec_ = pod(f"p{i}", blocks=None if i % 4 == 0 else rng.choice([1, 2]), requests=requests)
         demand = pod_demand(spec_, state.policy.spec.qos)
         state.remember_demand(demand)
-        for _ in range(2):  # the second time from the kept decision
-            a = state.decider.decide(names, demand, raw_names=raw)
+        for _ in range(2):  # the second time from the cached verdicts
+            a = state.decide(names, demand)
             b = state.evaluate(names, demand)
             assert (a.passed == b.passed).all() and (a.points == b.points).all()
         if i % 4 == 0:
@@ -214,17 +168,17 @@ def test_gpu_facts_are_worked_out_once_per_row_write_for_every_shape(clock):
         for k, (b, w, q) in enumerate([(1, None, "inference"), (None, 1, "training"), (2, None, "best-effort")])
     ]  # fmt: skip
     for demand in shapes:
-        state.decider.decide(names, demand)
+        state.decide(names, demand)
     facts = state.verdicts.facts
     assert facts.computed_rows == 30  # every row once
     verdicts = state.verdicts.recomputed_rows
     state.ingest(report_from(report("n3", [gpu(0, temperature_c=91.0)])))
     for demand in shapes:
-        state.decider.decide(names, demand)
+        state.decide(names, demand)
     assert facts.computed_rows == 31  # the written row, once for all three shapes
     assert state.verdicts.recomputed_rows == verdicts + 3  # its verdict, once per shape
     state.set_policy(state.policy)  # a policy in force again: nothing kept is trusted
-    state.decider.decide(names, shapes[0])
+    state.decide(names, shapes[0])
     assert facts.computed_rows == 31 + 30
 
 
@@ -275,7 +229,7 @@ def test_a_candidate_list_naming_a_node_twice_is_decided_as_the_policy_says(cloc
     names = ["n3", "n1", "n3", "n7", "n1"]
     demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
     state.ingest(report_from(report("n3", [gpu(0, temperature_c=50.0)])))
-    a, b = state.decider.decide(names, demand), state.evaluate(names, demand)
+    a, b = state.decide(names, demand), state.evaluate(names, demand)
     assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
     assert (a.points == b.points).all()
 
@@ -285,64 +239,20 @@ def test_decide_agrees_with_evaluate_when_a_node_widens_the_table(clock):
     _, state, _ = fleet(clock, nodes=20)
     names = [f"n{i}" for i in range(21)]
     demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
-    state.decider.decide(names, demand)
+    state.decide(names, demand)
     wide = [gpu(g, temperature_c=40.0 + g, memory_used_mib=0.0) for g in range(12)]
     state.ingest(report_from(report("n20", wide)))
     state.ingest(report_from(report("n2", [gpu(0, temperature_c=97.0)])))
     for _ in range(2):
-        a, b = state.decider.decide(names, demand), state.evaluate(names, demand)
+        a, b = state.decide(names, demand), state.evaluate(names, demand)
         assert (a.passed == b.passed).all() and (a.reason == b.reason).all()
         assert (a.points == b.points).all()
         assert a.passed[20]
 
 
-def test_a_kept_decision_is_patched_only_where_rows_changed(clock):
-    _, state, _ = fleet(clock, nodes=30)
-    names = [f"n{i}" for i in range(30)]
-    raw = orjson.dumps(names)
-    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
-    first = state.decider.decide(names, demand, raw_names=raw)
-    before = state.verdicts.recomputed_rows
-    again = state.decider.decide(names, demand, raw_names=raw)
-    assert again.reason is first.reason  # nothing changed: the kept arrays, as they are
-    assert state.verdicts.recomputed_rows == before
-    state.ingest(report_from(report("n3", [gpu(0, temperature_c=99.0)])))
-    patched = state.decider.decide(names, demand, raw_names=raw)
-    assert state.verdicts.recomputed_rows == before + 1
-    assert patched.reason[3] != first.reason[3] or not first.passed[3]
-    assert first.reason.flags.writeable is False  # the earlier answer was not changed under it
-    assert (np.delete(patched.reason, 3) == np.delete(first.reason, 3)).all()
-
-
-def test_the_answer_memo_gives_back_only_what_was_written_for_the_same_codes():
-    from scheduler_extender.state.decisions import AnswerMemo
-
-    memo = AnswerMemo(budget_bytes=400)
-    writes = []
-
-    def ask(key, codes, answer):
-        """(the answer given, whether it was written now rather than kept)."""
-        before = len(writes)
-        out = memo.answer(key, codes, lambda: writes.append(answer) or answer)
-        return out, len(writes) > before
-
-    key = (b'["a"]', (1, 1, 0), "filter")
-    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)  # nothing kept yet
-    assert ask(key, b"\x00", b"other") == (b"answer-0", False)  # same codes: the kept one
-    assert ask(key, b"\x08", b"answer-8") == (b"answer-8", True)  # another verdict: written anew
-    assert ask(key, b"\x08", b"other") == (b"answer-8", False)
-    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)  # the old answer is gone
-    for i in range(20):  # the budget holds: the oldest answers go first
-        ask((b"x", (i, 0, 0), "filter"), b"c", b"y" * 50)
-    assert ask((b"x", (19, 0, 0), "filter"), b"c", b"other") == (b"y" * 50, False)
-    assert ask(key, b"\x00", b"answer-0") == (b"answer-0", True)
-    big = (b"big", (0, 0, 0), "filter")
-    assert ask(big, b"c", b"z" * 300) == (b"z" * 300, True)  # over a quarter: not kept
-    assert ask(big, b"c", b"z" * 300) == (b"z" * 300, True)
-
-
-async def test_answers_follow_changed_verdicts_on_the_same_list(client):
-    """The same list and pod again after a GPU overheats: the kept answer is not reused."""
+async def test_answers_follow_changed_verdicts_on_the_same_list(all_client):
+    """The same list and pod again after a GPU overheats: the new verdict is answered."""
+    client = all_client
     for i in range(3):
         await client.post("/v1/telemetry", json=report(f"n{i}", [gpu(0, temperature_c=50.0)]))
     body = orjson.dumps(args_names(pod(qos="inference", blocks=1), ["n0", "n1", "n2"]))
@@ -356,83 +266,3 @@ async def test_answers_follow_changed_verdicts_on_the_same_list(client):
     assert [h["Host"] for h in scores] == ["n0", "n1", "n2"] and scores[1]["Score"] == 0
 
 
-def _scores(answer: bytes) -> dict[str, int]:
-    return {e["Host"]: e["Score"] for e in orjson.loads(answer)}
-
-
-@pytest.mark.parametrize("fewer", [False, True])
-def test_prioritize_right_after_its_filter_scores_what_that_filter_saw(clock, fewer):
-    """One scheduling cycle, one view: a push between filter and prioritize waits for the next."""
-    app, state, _ = fleet(clock, nodes=12, seed=3)
-    ctx = app.state.ctx
-    names = [f"n{i}" for i in range(12)]
-    body = orjson.dumps(args_names(pod("p", blocks=1), names))
-    passed = orjson.loads(verbs.filter_verb(ctx, body))["NodeNames"]
-    assert len(passed) >= 3
-    # The feasible nodes as the scheduler sends them (fewer: other plugins dropped one).
-    feasible = orjson.dumps(args_names(pod("p", blocks=1), passed[1:] if fewer else passed))
-    sent = orjson.loads(feasible)["NodeNames"]
-    demand = pod_demand(pod("p", blocks=1), state.policy.spec.qos)
-    before = state.evaluate(sent, demand)
-    target = sent[0]
-    state.ingest(report_from(report(target, [gpu(0, temperature_c=99.0)])))  # now too hot
-    kept = _scores(verbs.prioritize_verb(ctx, feasible))
-    assert kept == dict(zip(sent, before.points.tolist(), strict=True))
-    # The cycle is over: the same pod asked again sees the push.
-    again = _scores(verbs.prioritize_verb(ctx, feasible))
-    now = state.evaluate(sent, demand)
-    assert again == dict(zip(sent, now.points.tolist(), strict=True))
-    assert again[target] == 0 != kept[target]
-
-
-@pytest.mark.parametrize("between", ["other pod", "late", "other shape", "new node"])
-def test_prioritize_decides_afresh_outside_its_pods_cycle(clock, between):
-    app, state, _ = fleet(clock, nodes=12, seed=3)
-    ctx = app.state.ctx
-    names = [f"n{i}" for i in range(12)]
-    body = orjson.dumps(args_names(pod("p", blocks=1), names))
-    passed = orjson.loads(verbs.filter_verb(ctx, body))["NodeNames"]
-    state.ingest(report_from(report(passed[0], [gpu(0, temperature_c=99.0)])))
-    prioritized = pod("p", blocks=1)
-    if between == "other pod":
-        verbs.filter_verb(ctx, orjson.dumps(args_names(pod("q", blocks=1), names)))
-    elif between == "late":
-        clock.advance(2.0)
-    elif between == "other shape":
-        prioritized = pod("p", blocks=2)
-    else:
-        passed = [*passed, "n-new"]  # a node the filter never decided
-        state.ingest(report_from(report("n-new", [gpu(0)])))
-    demand = pod_demand(prioritized, state.policy.spec.qos)
-    answer = _scores(verbs.prioritize_verb(ctx, orjson.dumps(args_names(prioritized, passed))))
-    fresh = state.evaluate(passed, demand)
-    assert answer == dict(zip(passed, fresh.points.tolist(), strict=True))
-    assert answer[passed[0]] == 0
-
-
-def test_kept_candidate_lists_are_bounded_by_the_names_they_hold(monkeypatch):
-    """Distinct huge candidate lists do not grow memory without bound: lists and decisions
-    are kept within a budget of names; a list over it is answered, not kept."""
-    from scheduler_extender.state import decide, decisions
-
-    monkeypatch.setattr(decisions, "CACHED_NAMES", 100)
-    monkeypatch.setattr(decide, "CACHED_NAMES", 100)
-    clock = FakeClock()
-    app = create_app(clock=clock)
-    state = app.state.ctx.state
-    decider = state.decider
-    decider._namesets = decisions.NameSets(budget=100)
-    for i in range(5):
-        state.ingest(report_from(report(f"hot-{i}", [gpu(0, temperature_c=95.0)])))
-    demand = pod_demand(pod("p", blocks=1, qos="training"), state.policy.spec.qos)
-    for k in range(12):
-        names = [f"x{k}-{i}" for i in range(30)] + ["hot-0"]
-        verdict = state.decider.decide(names, demand, raw_names=orjson.dumps(names))
-        assert not verdict.passed[-1]
-        assert decider._namesets.held <= 100 and decider._decisions.held <= 100
-    huge = [f"y-{i}" for i in range(500)] + ["hot-1"]
-    for _ in range(2):
-        verdict = state.decider.decide(huge, demand, raw_names=orjson.dumps(huge))
-        assert not verdict.passed[-1] and verdict.nameset is not None
-        assert verdict.nameset.raw is None  # answered, never kept
-    assert decider._namesets.held <= 100 and decider._decisions.held <= 100

@@ -126,39 +126,6 @@ def test_malformed_requests_name_what_is_wrong(body, message):
         wire.parse_extender_args(body)
 
 
-def test_a_known_node_list_is_reused_only_for_the_very_same_bytes():
-    def body(pod_name, names):
-        return orjson.dumps(
-            {"Pod": {"metadata": {"name": pod_name}}, "Nodes": None, "NodeNames": names}
-        )
-
-    names = [f"edge-{i:03d}" for i in range(50)]
-    first = wire.parse_extender_args(body("a", names))
-    second = wire.parse_extender_args(body("b", names))
-    assert second.pod["metadata"]["name"] == "b"
-    assert second.node_names is first.node_names  # parsed once, found again in place
-    assert second.raw_names is first.raw_names
-    # Same length, one name different: a list of its own.
-    other = [*names[:-1], "edge-xyz"]
-    third = wire.parse_extender_args(body("c", other))
-    assert third.node_names == other and third.node_names is not first.node_names
-    # A pod that mentions "NodeNames" inside itself does not confuse the cut.
-    tricky = orjson.dumps(
-        {
-            "Pod": {"metadata": {"name": "d", "annotations": {"NodeNames": "[]"}}},
-            "Nodes": None,
-            "NodeNames": names,
-        }
-    )
-    fourth = wire.parse_extender_args(tricky)
-    assert fourth.node_names == names and fourth.pod["metadata"]["annotations"] == {
-        "NodeNames": "[]"
-    }
-    # Not Go's layout (NodeNames first, or spaces): parsed the ordinary way, same result.
-    spaced = b'{"NodeNames": ' + orjson.dumps(names) + b', "Pod": {"metadata": {"name": "e"}}}'
-    assert wire.parse_extender_args(spaced).node_names == names
-
-
 def test_a_key_given_twice_in_two_spellings_is_refused_not_guessed():
     body = b'{"Pod":{"metadata":{"name":"p"}},"nodenames":["cool-1"],"NodeNames":["hot-1"]}'
     with pytest.raises(RequestError, match="given twice"):

@@ -66,13 +66,10 @@ def test_a_training_pod_lands_on_the_coolest_node_in_both_modes(server, cache_ca
     harness = HTTPExtenderHarness(f"{server}/scheduler", weight=2, node_cache_capable=cache_capable)
     try:
         chosen, outcome, scores = harness.schedule(pod("train-0", qos="training"), NODES)
-        assert chosen == "rack-a-cool"
-        assert sorted(outcome.feasible) == ["rack-a-cool", "rack-a-warm"]
-        assert outcome.failed == {"rack-b-hot": "edgegpu: gpu too hot"}
-        assert outcome.unresolvable == {"rack-b-sick": "edgegpu: every gpu is unhealthy"}
-        assert set(scores) == {"rack-a-cool", "rack-a-warm"}
-        assert all(s % 20 == 0 and 0 <= s <= 200 for s in scores.values())
-        assert scores["rack-a-cool"] > scores["rack-a-warm"]
+        # Filter answers the best node alone: the others are left out, and the scheduler
+        # takes it without scoring.
+        assert chosen == "rack-a-cool" and outcome.feasible == ["rack-a-cool"]
+        assert outcome.failed == {} and outcome.unresolvable == {} and scores == {}
     finally:
         harness.close()
 
@@ -115,7 +112,8 @@ def test_answers_come_well_inside_the_schedulers_timeout(server):
         many = [node_object(f"n{i}") for i in range(2000)]
         start = time.perf_counter()
         outcome = harness.filter(pod("big", qos="inference"), many)
-        assert len(outcome.feasible) == 2000  # unknown nodes fail open for inference
+        (best,) = outcome.feasible  # unknown nodes fail open for inference: one of them
+        assert best in {n["metadata"]["name"] for n in many}
         assert time.perf_counter() - start < 5.0
     finally:
         harness.close()

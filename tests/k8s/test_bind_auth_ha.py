@@ -250,7 +250,7 @@ async def test_bind_without_a_filter_on_this_process_reads_the_pod_from_the_clus
         assert not kube.get("pods", "p2")["spec"].get("nodeName")
 
 
-async def test_prioritize_reserves_the_best_node_until_bind_so_the_next_filter_sees_it(
+async def test_the_node_filter_chooses_is_reserved_until_bind_so_the_next_filter_sees_it(
     kube, kubeconfig
 ):
     async with running_extender(kubeconfig) as (app, client):
@@ -263,7 +263,6 @@ async def test_prioritize_reserves_the_best_node_until_bind_so_the_next_filter_s
             kube.add_pod(name, uid=f"uid-{name}", limits={"edgegpu.io/gpu-mem-block": "2"})
         first = args_names(pod("a", blocks=2), ["n1"])
         assert (await client.post("/filter", json=first)).json()["NodeNames"] == ["n1"]
-        assert (await client.post("/prioritize", json=first)).json()[0]["Host"] == "n1"
         assert state.reserved("uid-a")
         # The scheduler filters the next pod before it has bound the first: the GPU is held.
         second = args_names(pod("b", blocks=2), ["n1"])
@@ -275,11 +274,12 @@ async def test_prioritize_reserves_the_best_node_until_bind_so_the_next_filter_s
         assert (await client.post("/bind", json=bind_body("a", "n1"))).json() == {"Error": ""}
         assert not state.reserved("uid-a")
         assert state.allocations.get("uid-a").node == "n1"
-        # A pod filtered again (its cycle did not bind) gives its reservation up.
+        # A pod filtered again (its cycle did not bind) gives its reservation up and holds
+        # the one of its new choice only.
         kube.delete("pods", "a")
         await eventually(lambda: state.allocations.get("uid-a") is None)
-        assert (await client.post("/filter", json=second)).json()["NodeNames"] == ["n1"]
-        await client.post("/prioritize", json=second)
-        assert state.reserved("uid-b")
-        await client.post("/filter", json=second)
-        assert not state.reserved("uid-b") and state.allocations.get("uid-b") is None
+        for _ in range(2):
+            assert (await client.post("/filter", json=second)).json()["NodeNames"] == ["n1"]
+            assert state.reserved("uid-b")
+        state.release("uid-b")
+        assert (await client.post("/filter", json=first)).json()["NodeNames"] == ["n1"]
