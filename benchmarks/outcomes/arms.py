@@ -55,7 +55,7 @@ async def one_seed(
         arm_rng = np.random.default_rng([seed, 1])  # the same ties, R spread and fault order
         placer: Placer
         if arm.startswith("edgegpu"):
-            ext = Extender(f.nodes, pods, parse_policy(policy_doc(arm)), arm_rng)
+            ext = Extender(f.nodes, pods, parse_policy(policy_doc(arm)), arm_rng, seed)
             try:
                 out[arm] = await sim.run(
                     f, pods, work, ext, True, horizon_s, warmup_s, delay_s, arm_rng, ext.push

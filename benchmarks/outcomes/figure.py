@@ -26,7 +26,8 @@ def draw(arms: dict[str, Any], runs: list[dict[str, sim.Tally]], path: Path) -> 
     import matplotlib.pyplot as plt
 
     names = list(arms)
-    fig, axes = plt.subplots(2, max(len(BARS), len(names)), figsize=(4 * len(names), 8))
+    cols = max(len(BARS), len(names))
+    fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 8), layout="constrained")
     for ax, (key, label) in zip(axes[0], BARS, strict=False):
         ax.bar(names, [arms[n][key] for n in names], color="tab:blue")
         ax.set_title(label)
@@ -37,10 +38,10 @@ def draw(arms: dict[str, Any], runs: list[dict[str, sim.Tally]], path: Path) -> 
     for ax, name in zip(axes[1], names, strict=False):
         heat = np.array(first[name].heat).T  # (GPUs, minutes)
         im = ax.imshow(heat, aspect="auto", cmap="inferno", vmin=20, vmax=95, origin="lower")
-        ax.set_title(f"{name}: GPU °C")
-        ax.set_xlabel("minute after warm-up")
-        ax.set_ylabel("GPU (node order)")
-    fig.colorbar(im, ax=list(axes[1]), shrink=0.8)
+        ax.set_title(f"{name}\nGPU °C", fontsize=9)
+        ax.set_xlabel("minute after warm-up", fontsize=8)
+        ax.set_ylabel("GPU (node order)", fontsize=8)
+    fig.colorbar(im, ax=list(axes[1]), shrink=0.8, label="°C")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)

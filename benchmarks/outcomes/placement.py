@@ -20,6 +20,7 @@ from benchmarks.openb.trace import MILLI, Nodes, Pods, Shape, typical_pods
 from benchmarks.outcomes.physics import MODELS
 from benchmarks.sharing import _Binder, _report
 from scheduler_extender.api.app import create_app
+from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.policy.document import Policy
 from scheduler_extender.telemetry.clock import FakeClock
 
@@ -137,9 +138,12 @@ BLOCK_MIB = 256
 class Extender:
     """edgegpu: its app answers filter, prioritize and bind; agents' reports reach it by push."""
 
-    def __init__(self, nodes: Nodes, pods: Pods, policy: Policy, rng: np.random.Generator):
+    def __init__(
+        self, nodes: Nodes, pods: Pods, policy: Policy, rng: np.random.Generator, tie_seed: int
+    ) -> None:
         self.clock = FakeClock()
-        self.app = create_app(clock=self.clock, binder=_Binder(), policy=policy)
+        settings = ExtenderSettings(tie_seed=tie_seed)  # its random ties, repeatable
+        self.app = create_app(settings, clock=self.clock, binder=_Binder(), policy=policy)
         self.state = self.app.state.ctx.state
         self.nodes = nodes
         self.pods = pods

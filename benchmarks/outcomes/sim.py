@@ -198,6 +198,14 @@ async def run(
             np.minimum(limit_clock, lock), np.where(hw, physics.HW_SLOWDOWN_CLOCK, 1.0)
         )
         power = physics.power_w(g.idle_w, g.tdp_w, demand, clock)
+        # Throttled: the clock is below what it would be with no thermal measure at all (HW
+        # slowdown, the agent's thermal cap or clock lock); power saving is not one.
+        saving = np.array([s.saving == "clocks" for s in agent_state]) & ~thermal_lock
+        unthrottled = np.minimum(
+            physics.clock_under_limit(g.idle_w, g.tdp_w, demand, g.tdp_w),
+            np.where(saving, lock, 1.0),
+        )
+        thermal = clock < unthrottled - 1e-6
         done = physics.progress(demand, clock)
         temp = physics.temperature_step(temp, g.inlet_c + g.r * power, STEP_S)
         for name in list(running):
@@ -235,9 +243,8 @@ async def run(
         if measuring:
             minutes = STEP_S / 60
             working = demand > 0
-            thermal = hw | (cap_w < g.tdp_w) | thermal_lock
             tally.hot_min += float((temp >= MAX_TEMP_C).sum()) * minutes
-            tally.throttled_min += float((working & thermal & (clock < 1)).sum()) * minutes
+            tally.throttled_min += float((working & thermal).sum()) * minutes
             tally.slowed_min += float((done < 1).sum()) * minutes
             tally.energy_j += float(power.sum()) * STEP_S
             tally.gpu_util.append(float(np.mean(np.minimum(1.0, demand / clock))))
