@@ -17,6 +17,7 @@ class HostLedger:
         self._allocatable: dict[str, tuple[float, float]] = {}
         self._pods: dict[str, tuple[str, int, int]] = {}
         self._requested: dict[str, list[int]] = {}
+        """Per node: requested CPU, requested memory, and how many pods ask them."""
 
     def set_allocatable(self, node: str, cpu_milli: float, memory_mib: float) -> bool:
         """A node's allocatable CPU and memory (NaN = unknown); True if it changed."""
@@ -39,9 +40,10 @@ class HostLedger:
             return set()
         changed = self._take_out(pod_uid)
         self._pods[pod_uid] = entry
-        sums = self._requested.setdefault(node, [0, 0])
+        sums = self._requested.setdefault(node, [0, 0, 0])
         sums[0] += cpu_milli
         sums[1] += memory_mib
+        sums[2] += 1
         return changed | {node}
 
     def remove(self, pod_uid: str) -> set[str]:
@@ -56,7 +58,8 @@ class HostLedger:
         sums = self._requested[node]
         sums[0] -= cpu
         sums[1] -= memory
-        if sums == [0, 0]:
+        sums[2] -= 1
+        if sums[2] == 0:  # a pod that asks for nothing is still one of the node's pods
             del self._requested[node]
         return {node}
 

@@ -115,8 +115,9 @@ async def test_ten_thousand_unknown_nodes_are_answered(client):
     assert [h["Host"] for h in resp.json()] == names
 
 
-async def test_a_pod_asking_for_no_gpu_passes_every_node(all_client):
-    resp = await all_client.post("/filter", json=args_names(pod(blocks=None), ["x", "y"]))
+async def test_a_pod_asking_for_no_gpu_passes_every_node_for_kube_scheduler_to_score(client):
+    # Without fragmentation scoring the policy prefers no node for it: every one is answered.
+    resp = await client.post("/filter", json=args_names(pod(blocks=None), ["x", "y"]))
     assert resp.json()["NodeNames"] == ["x", "y"]
 
 
@@ -407,3 +408,21 @@ async def test_a_verb_asked_with_get_is_405_with_allow_post(client):
     for path in ("/filter", "/prioritize", "/preempt", "/bind", "/v1/telemetry"):
         resp = await client.get(path)
         assert resp.status_code == 405 and resp.headers["allow"] == "POST", path
+
+
+async def test_pods_that_ask_for_no_cpu_or_memory_come_and_go_without_an_internal_error(clock):
+    binder = RecordingBinder()
+    app, client = await make_client(clock, binder)
+    state = app.state.ctx.state
+    async with client:
+        await push(client, report("n1"))
+        state.set_host_allocatable("n1", 8_000.0, 32_768.0)
+        for name in ("idle-a", "idle-b"):
+            await client.post("/filter", json=args_names(pod(name, blocks=None), ["n1"]))
+            bind = {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+                    "Node": "n1"}  # fmt: skip
+            assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
+        state.host_pod("uid-heavy", "n1", 2_000, 1_024)
+        for uid in ("uid-heavy", "uid-idle-a", "uid-idle-b"):
+            state.host_pod_gone(uid)
+        assert state.host.free("n1") == (8_000.0, 32_768.0)
