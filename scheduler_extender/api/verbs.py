@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
@@ -47,7 +48,8 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
 
     In the ``best`` mode (``--filter-answer``) only the best node is answered, and the pod's
     GPUs are reserved there; the reasons of the others are given only when no node fits, so
-    that FailedScheduling events and preemption see them.
+    that FailedScheduling events and preemption see them. A pod the policy has no preference
+    for (no GPUs, no fragmentation scoring) gets every node, for kube-scheduler to score.
     """
     try:
         args = wire.parse_extender_args(body, "filter")
@@ -59,8 +61,9 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         decision = state.decide(names, demand, args.labels())
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
         passed = decision.passed
-        if ctx.settings.filter_answer == "best" and (best := decision.best(ctx.rng)) is not None:
-            _reserve(ctx, demand, names[best])
+        best = decision.best(ctx.rng) if ctx.settings.filter_answer == "best" else None
+        if best is not None and decision.ranked:
+            _reserve(ctx, demand, names[best], decision.gpus[best])
             passed = np.zeros(len(names), dtype=np.bool_)
             passed[best] = True
             return wire.encode_filter_result(args, passed.tolist())
@@ -114,19 +117,22 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
     return b"[]"
 
 
-def _reserve(ctx: AppContext, demand: PodDemand, node: str) -> None:
+def _reserve(
+    ctx: AppContext, demand: PodDemand, node: str, gpus: npt.NDArray[np.int64] | None = None
+) -> None:
     """Reserve the pod's GPUs on ``node``, the scheduler's choice to come.
 
-    Only where binds come (a cluster), and not for a pod that holds GPUs already (bound, or
-    read back from its annotations). Bind takes the reservation over, or moves it to the node
-    the scheduler chose instead.
+    ``gpus``: the slots a decision of this moment chose there. Only where binds come (a
+    cluster), and not for a pod that holds GPUs already (bound, or read back from its
+    annotations). Bind takes the reservation over, or moves it to the node the scheduler
+    chose instead.
     """
     if ctx.binder is None or not demand.wants_gpu:
         return
     state = ctx.state
     if state.allocations.get(demand.uid) is not None and not state.reserved(demand.uid):
         return
-    assignment, _ = choose_assignment(ctx, demand, node)
+    assignment, _ = choose_assignment(ctx, demand, node, gpus)
     if assignment is not None:
         state.reserve(assignment)
 
@@ -205,17 +211,22 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
 
 
 def choose_assignment(
-    ctx: AppContext, demand: PodDemand, node: str
+    ctx: AppContext, demand: PodDemand, node: str, gpus: npt.NDArray[np.int64] | None = None
 ) -> tuple[Assignment | None, str]:
-    """The GPUs bind gives the pod on a node, or why there are none."""
+    """The GPUs bind gives the pod on a node, or why there are none.
+
+    ``gpus``: the slots a decision of this moment chose there (worked out here otherwise).
+    """
     state = ctx.state
     current = state.allocations.get(demand.uid)
     if current is not None and current.node == node:
         return current, ""
-    ev = state.evaluate([node], demand)
-    if not ev.passed[0]:
-        return None, f"node {node} cannot take the pod: {Reason(int(ev.reason[0])).text}"
-    slots = tuple(int(g) for g in ev.gpus[0] if g >= 0)
+    if gpus is None:
+        ev = state.evaluate([node], demand)
+        if not ev.passed[0]:
+            return None, f"node {node} cannot take the pod: {Reason(int(ev.reason[0])).text}"
+        gpus = ev.gpus[0]
+    slots = tuple(int(g) for g in gpus if g >= 0)
     if not slots and demand.wants_gpu:
         return None, f"node {node}: no gpu telemetry to choose a gpu from"
     return (

@@ -41,6 +41,11 @@ class Decision:
     """The full-precision policy score (what ``best`` compares)."""
     points: npt.NDArray[np.int64]
     """The 0..10 points /prioritize answers."""
+    gpus: npt.NDArray[np.int64]
+    """(candidates, k): the GPU slots bind would choose on each, -1 where none."""
+    ranked: bool = True
+    """Whether the policy tells the candidates apart: not for a pod without GPUs unless
+    fragmentation scoring weighs what it would strand."""
 
     def best(self, rng: np.random.Generator) -> int | None:
         """Position of the best passing candidate (a random one of equals); None if none passed."""
@@ -66,13 +71,15 @@ def decide(
     now = ctx.now
     if not demand.wants_gpu:
         passed = np.ones(n, dtype=np.bool_)
-        if not policy.spec.fragmentation.enabled or mix.empty:
+        ranked = policy.spec.fragmentation.enabled and not mix.empty
+        if not ranked:
             score = np.zeros(n)
         else:
             score = host_verdict(verdicts.facts.take(table, rows, policy, now), demand, policy, mix)
         zeros = np.zeros(n, dtype=np.int64)
-        return Decision(passed, zeros, score, prioritize_points(score, passed, policy))
-    reason, gpu_sum, _ = verdicts.lookup(table, rows, demand, policy, now, mix)
+        points = prioritize_points(score, passed, policy)
+        return Decision(passed, zeros, score, points, np.full((n, 1), -1), ranked)
+    reason, gpu_sum, gpus = verdicts.lookup(table, rows, demand, policy, now, mix)
     col = table.column
     known = col("known")[rows]
     stale = is_stale(known, now - col("received_at")[rows], col("interval_s")[rows], policy)
@@ -82,4 +89,5 @@ def decide(
     else:
         topo = np.zeros(n)
     passed, reason, score, points = finish(reason, gpu_sum, known, stale, topo, demand, policy)
-    return Decision(passed, reason, score, prioritize_points(score, passed, policy, points))
+    points = prioritize_points(score, passed, policy, points)
+    return Decision(passed, reason, score, points, np.where(passed[:, None], gpus, -1))

@@ -49,27 +49,27 @@ class _Verdicts:
     reason: IntArray
     gpu_sum: FloatArray
     valid_until: FloatArray
+    gpus: IntArray
+    """(rows, k): the GPU slots bind would choose, -1 where the node does not fit."""
 
     @classmethod
-    def empty(cls, rows: int) -> _Verdicts:
+    def empty(cls, rows: int, k: int) -> _Verdicts:
         return cls(
             version=np.full(rows, -1, dtype=np.int64),
             reason=np.zeros(rows, dtype=np.int64),
             gpu_sum=np.zeros(rows),
             valid_until=np.full(rows, -np.inf),
+            gpus=np.full((rows, k), -1, dtype=np.int64),
         )
 
     def grow(self, rows: int) -> None:
         old = len(self.version)
         if rows <= old:
             return
-        bigger = _Verdicts.empty(rows)
-        bigger.version[:old] = self.version
-        bigger.reason[:old] = self.reason
-        bigger.gpu_sum[:old] = self.gpu_sum
-        bigger.valid_until[:old] = self.valid_until
-        self.version, self.reason = bigger.version, bigger.reason
-        self.gpu_sum, self.valid_until = bigger.gpu_sum, bigger.valid_until
+        bigger = _Verdicts.empty(rows, self.gpus.shape[1])
+        for name in ("version", "reason", "gpu_sum", "valid_until", "gpus"):
+            getattr(bigger, name)[:old] = getattr(self, name)
+            setattr(self, name, getattr(bigger, name))
 
 
 def distinct(rows: IntArray) -> IntArray:
@@ -211,8 +211,8 @@ class VerdictCache:
         policy: Policy,
         now: float,
         mix: DemandMix = EMPTY_MIX,
-    ) -> tuple[IntArray, FloatArray, FloatArray]:
-        """(reason, gpu_sum, valid_until) of each row for this demand.
+    ) -> tuple[IntArray, FloatArray, IntArray]:
+        """(reason, gpu_sum, gpus) of each row for this demand (``gpus``: the slots chosen).
 
         Rows that changed since the shape's last request are recomputed.
 
@@ -224,7 +224,7 @@ class VerdictCache:
         key = demand_key(demand)
         entry = self._shapes.get(key)
         if entry is None:
-            entry = _Verdicts.empty(table.capacity)
+            entry = _Verdicts.empty(table.capacity, max(demand.gpu_count, 1))
             self._shapes[key] = entry
             while len(self._shapes) > self._max:
                 self._shapes.popitem(last=False)
@@ -240,6 +240,9 @@ class VerdictCache:
             entry.reason[todo] = verdict.reason
             entry.gpu_sum[todo] = verdict.gpu_sum
             entry.valid_until[todo] = verdict.valid_until
+            width = verdict.gpus.shape[1]  # fewer GPU slots than asked for: no fit anyway
+            entry.gpus[todo] = -1
+            entry.gpus[todo, :width] = verdict.gpus
             entry.version[todo] = version[todo]
             self.recomputed_rows += int(todo.size)
-        return entry.reason[rows], entry.gpu_sum[rows], entry.valid_until[rows]
+        return entry.reason[rows], entry.gpu_sum[rows], entry.gpus[rows]

@@ -61,6 +61,8 @@ def test_decide_agrees_with_evaluate_through_pushes_time_and_binds(seed, qos, bl
             and (a.points == b.points).all()
             and np.allclose(a.score, b.score)
         )
+        width = b.gpus.shape[1]  # the GPUs bind would take, as the pure policy chooses them
+        assert (a.gpus[:, :width] == b.gpus).all() and (a.gpus[:, width:] == -1).all()
         # Change the world between requests: a push (or none), time passing (past cool-downs
         # and into staleness), a reservation, a node that leaves, one that joins.
         if rng.random() < 0.7:
