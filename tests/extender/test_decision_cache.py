@@ -266,5 +266,3 @@ async def test_answers_follow_changed_verdicts_on_the_same_list(all_client):
     assert second["FailedNodes"] == {"n1": "edgegpu: gpu too hot"}
     scores = orjson.loads((await client.post("/prioritize", content=body, headers=JSON)).content)
     assert [h["Host"] for h in scores] == ["n0", "n1", "n2"] and scores[1]["Score"] == 0
-
-
