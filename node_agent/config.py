@@ -112,8 +112,9 @@ class AgentSettings(BaseSettings):
     cool_down_s: float = Field(
         300.0,
         ge=0,
-        description="Below maxTemp this long → restore limits (the extender's policy may "
-        "lengthen it, not shorten it).",
+        description="A thermal cap is given back step by step once the GPU reads 5 °C under "
+        "maxTemp, or after this long under maxTemp at all (the extender's policy may lengthen "
+        "it, not shorten it).",
     )
     power_saving: bool = Field(
         True,

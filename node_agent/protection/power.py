@@ -1,9 +1,10 @@
 """Power plans, pure: local thermal protection and power saving for one GPU.
 
-Thermal protection: at or above maxTemp the power limit goes down one step per sample; once it
+Thermal protection: at or above maxTemp the power limit goes down one step per settle; once it
 is at the floor (or cannot be set) and the GPU is still hot, the clocks are locked low too.
-After the GPU has stayed under maxTemp for the cool-down, both are restored. It needs nothing
-from the cloud, so it keeps working with the link down (KubeEdge edge autonomy).
+Below maxTemp by the release margin the same steps are undone one per settle, clocks first; in
+between the cap holds, for the cool-down at most. It needs nothing from the cloud, so it keeps
+working with the link down (KubeEdge edge autonomy).
 Power saving: a GPU below the utilisation threshold for a whole window gets its clocks locked
 low (or, without clock control, a lower power limit); load, or a high-QoS pod signalled by the
 extender, restores it. Imports only ``model``.
@@ -24,8 +25,14 @@ class PowerArgs:
 
     max_temp_c: float = 85.0
     cool_down_s: float = 300.0
+    """The longest a cap holds once the GPU is under maxTemp but within the release margin:
+    then it is given back step by step as if the GPU were cool (a higher step that heats the
+    GPU to maxTemp again is taken back)."""
+    release_margin_c: float = 5.0
+    """Hysteresis: power is given back while the GPU reads this far under maxTemp, so a GPU
+    held just under it by its cap keeps the cap."""
     thermal_step_fraction: float = 0.1
-    """Each step lowers the limit by this share of the default limit."""
+    """Each step lowers (or gives back) the limit by this share of the default limit."""
     settle_s: float = 30.0
     """Wait this long after a step before the next: a GPU's temperature lags its power."""
     saving_enabled: bool = True
@@ -64,52 +71,92 @@ def _thermal(
     now: float,
     args: PowerArgs,
 ) -> tuple[GpuPowerState, list[PowerAction]]:
-    i = reading.index
     temp = reading.temperature_c
-    actions: list[PowerAction] = []
     if temp is None:
-        return state, actions
+        return state, []
     if temp >= args.max_temp_c:
         state = dataclasses.replace(state, below_since=None)
         if state.last_step_at is not None and now - state.last_step_at < args.settle_s:
-            return state, actions  # let the last step take effect first
-        at_floor = True
-        if caps.power_limit and limits is not None:
-            current = state.thermal_cap_w
-            if current is None:
-                current = reading.power_limit_w or limits.default_w
-            step = limits.default_w * args.thermal_step_fraction
-            cap = max(limits.min_w, round(current - step, 1))
-            if state.thermal_cap_w is None or cap < state.thermal_cap_w:
-                actions.append(PowerAction(i, "set_power_limit", "thermal", watts=cap))
-                at_floor = False
-            state = dataclasses.replace(state, thermal_cap_w=cap)
-        if at_floor and caps.locked_clocks and not state.thermal_clocks:
-            if state.saving != "clocks":
-                actions.append(
-                    PowerAction(i, "lock_clocks", "thermal", clock_mhz=args.saving_clock_mhz)
-                )
-            state = dataclasses.replace(state, thermal_clocks=True)
+            return state, []  # let the last step take effect first
+        state, actions = _step_down(state, reading, limits, caps, args)
         return dataclasses.replace(
             state, last_step_at=now if actions else state.last_step_at
         ), actions
     if state.thermal_cap_w is None and not state.thermal_clocks:
-        return state, actions
-    if state.below_since is None:
-        return dataclasses.replace(state, below_since=now), actions
-    if now - state.below_since < args.cool_down_s:
-        return state, actions
-    if state.thermal_cap_w is not None and limits is not None:
-        if state.saving == "power":
-            watts = _saving_limit(limits, args)
-            actions.append(PowerAction(i, "set_power_limit", "power-saving", watts=watts))
-        else:
-            actions.append(PowerAction(i, "reset_power_limit", "thermal-restore"))
-    if state.thermal_clocks and state.saving != "clocks":
-        actions.append(PowerAction(i, "reset_clocks", "thermal-restore"))
-    return dataclasses.replace(
-        state, thermal_cap_w=None, thermal_clocks=False, below_since=None, last_step_at=None
-    ), actions
+        return dataclasses.replace(state, below_since=None), []
+    below_since = state.below_since if state.below_since is not None else now
+    state = dataclasses.replace(state, below_since=below_since)
+    cool = temp < args.max_temp_c - args.release_margin_c
+    if not cool and now - below_since < args.cool_down_s:
+        return state, []  # within the margin: hold the cap
+    if state.last_step_at is not None and now - state.last_step_at < args.settle_s:
+        return state, []
+    state, actions = _step_up(state, reading.index, limits, caps, args)
+    return dataclasses.replace(state, last_step_at=now), actions
+
+
+def _step_down(
+    state: GpuPowerState,
+    reading: GpuReading,
+    limits: PowerLimits | None,
+    caps: Capabilities,
+    args: PowerArgs,
+) -> tuple[GpuPowerState, list[PowerAction]]:
+    """One step of protection: the power limit a step lower, or at its floor the clocks locked."""
+    i = reading.index
+    if caps.power_limit and limits is not None:
+        first = state.thermal_cap_w is None
+        current = state.thermal_cap_w
+        if current is None:
+            current = reading.power_limit_w or limits.default_w
+        lowered = round(
+            min(current, limits.default_w) - limits.default_w * args.thermal_step_fraction, 1
+        )
+        cap = max(limits.min_w, lowered)
+        state = dataclasses.replace(state, thermal_cap_w=cap)
+        if first or cap < current:
+            return state, [PowerAction(i, "set_power_limit", "thermal", watts=cap)]
+    if not caps.locked_clocks or state.thermal_clocks:
+        return state, []
+    state = dataclasses.replace(state, thermal_clocks=True)
+    if state.saving == "clocks":
+        return state, []  # already locked as low by power saving
+    return state, [PowerAction(i, "lock_clocks", "thermal", clock_mhz=args.saving_clock_mhz)]
+
+
+def _step_up(
+    state: GpuPowerState,
+    index: int,
+    limits: PowerLimits | None,
+    caps: Capabilities,
+    args: PowerArgs,
+) -> tuple[GpuPowerState, list[PowerAction]]:
+    """One step of giving back, the steps down in reverse.
+
+    First the clocks, then the power limit a step higher; the last step ends at the default
+    limit (or power saving's).
+    """
+    if state.thermal_clocks:
+        state = dataclasses.replace(state, thermal_clocks=False)
+        if state.saving == "clocks":
+            return state, []  # power saving keeps them locked
+        return state, [PowerAction(index, "reset_clocks", "thermal-restore")]
+    cap = state.thermal_cap_w
+    if cap is None:
+        return state, []
+    if limits is not None:
+        target = _saving_limit(limits, args) if state.saving == "power" else limits.default_w
+        raised = round(cap + limits.default_w * args.thermal_step_fraction, 1)
+        if raised < target:
+            action = PowerAction(index, "set_power_limit", "thermal-restore", watts=raised)
+            return dataclasses.replace(state, thermal_cap_w=raised), [action]
+    done = dataclasses.replace(state, thermal_cap_w=None, below_since=None)
+    if limits is not None and state.saving == "power":
+        watts = _saving_limit(limits, args)
+        return done, [PowerAction(index, "set_power_limit", "power-saving", watts=watts)]
+    if limits is None and not caps.power_limit:
+        return done, []  # the limit can no longer be set: nothing to give back through
+    return done, [PowerAction(index, "reset_power_limit", "thermal-restore")]
 
 
 def plan(

@@ -1,5 +1,7 @@
-from node_agent.model import Capabilities, GpuReading, PowerLimits
-from node_agent.protection.power import IDLE, PowerArgs, plan
+from hypothesis import given, strategies as st
+
+from node_agent.model import Capabilities, GpuReading, PowerAction, PowerLimits
+from node_agent.protection.power import IDLE, GpuPowerState, PowerArgs, plan
 
 LIMITS = PowerLimits(min_w=60.0, max_w=70.0 * 2, default_w=100.0)
 ALL = Capabilities(power_limit=True, locked_clocks=True)
@@ -19,17 +21,6 @@ def test_a_hot_gpu_is_capped_step_by_step_down_to_the_minimum():
         caps += [a.watts for a in actions if a.kind == "set_power_limit"]
     assert caps == [90.0, 80.0, 70.0, 60.0]
     assert state.thermal_cap_w == 60.0
-
-
-def test_the_cap_is_restored_only_after_the_cool_down():
-    state, _ = plan(IDLE, r(temp=90.0), LIMITS, ALL, False, 0.0, ARGS)
-    state, actions = plan(state, r(temp=80.0), LIMITS, ALL, False, 10.0, ARGS)
-    assert actions == [] and state.below_since == 10.0
-    state, actions = plan(state, r(temp=80.0), LIMITS, ALL, False, 309.0, ARGS)
-    assert actions == []
-    state, actions = plan(state, r(temp=80.0), LIMITS, ALL, False, 310.0, ARGS)
-    assert [(a.kind, a.reason) for a in actions] == [("reset_power_limit", "thermal-restore")]
-    assert state.thermal_cap_w is None
 
 
 def test_an_idle_gpu_locks_low_clocks_after_the_window_and_restores_on_load():
@@ -67,20 +58,144 @@ def test_unknown_readings_plan_nothing():
     assert actions == [] and state == IDLE
 
 
-def test_a_gpu_still_hot_at_the_power_floor_gets_its_clocks_locked_and_both_are_restored():
-    state, kinds = IDLE, []
-    for step in range(6):
-        state, actions = plan(state, r(temp=95.0), LIMITS, ALL, False, 30.0 * step, ARGS)
-        kinds += [a.kind for a in actions]
-    assert kinds.count("lock_clocks") == 1 and state.thermal_clocks
-    state, _ = plan(state, r(temp=70.0), LIMITS, ALL, False, 200.0, ARGS)
-    state, actions = plan(state, r(temp=70.0), LIMITS, ALL, False, 500.0, ARGS)
-    assert sorted(a.kind for a in actions) == ["reset_clocks", "reset_power_limit"]
-    assert not state.thermal_clocks and state.thermal_cap_w is None
-
-
 def test_the_next_step_waits_for_the_last_one_to_settle():
     state, first = plan(IDLE, r(temp=90.0), LIMITS, ALL, False, 0.0, ARGS)
     state, early = plan(state, r(temp=90.0), LIMITS, ALL, False, 10.0, ARGS)
     state, later = plan(state, r(temp=90.0), LIMITS, ALL, False, 30.0, ARGS)
     assert [a.watts for a in first] == [90.0] and early == [] and [a.watts for a in later] == [80.0]
+
+
+def walk(temps, state=IDLE, start=0.0, caps=ALL, util=80.0, every_s=30.0):
+    """Plan one reading per ``every_s`` at each temperature; the state and every action."""
+    out: list[PowerAction] = []
+    for k, temp in enumerate(temps):
+        state, actions = plan(state, r(temp=temp, util=util), LIMITS, caps, False,
+                              start + every_s * k, ARGS)  # fmt: skip
+        out += actions
+    return state, out
+
+
+def steps(actions):
+    return [(a.kind, a.reason, a.watts) for a in actions]
+
+
+def test_a_gpu_below_max_temp_by_the_margin_gets_its_power_back_one_step_per_settle():
+    capped, _ = walk([90.0] * 4)
+    assert capped.thermal_cap_w == 60.0
+    state, actions = walk([79.0] * 5, capped, start=120.0)
+    assert steps(actions) == [
+        ("set_power_limit", "thermal-restore", 70.0),
+        ("set_power_limit", "thermal-restore", 80.0),
+        ("set_power_limit", "thermal-restore", 90.0),
+        ("reset_power_limit", "thermal-restore", None),
+    ]
+    assert state.thermal_cap_w is None
+
+
+def test_a_gpu_held_just_under_max_temp_by_its_cap_keeps_it_until_the_cool_down_ends():
+    capped, _ = walk([90.0, 90.0])
+    assert capped.thermal_cap_w == 80.0
+    held, actions = walk([82.0] * 10, capped, start=60.0)  # 60 s … 330 s: under 300 s below
+    assert actions == [] and held.thermal_cap_w == 80.0
+    _, actions = walk([82.0], held, start=360.0)
+    assert steps(actions) == [("set_power_limit", "thermal-restore", 90.0)]
+
+
+def test_a_step_given_back_that_heats_the_gpu_to_max_temp_again_is_taken_back():
+    capped, _ = walk([90.0, 90.0])
+    state, actions = walk([79.0, 86.0, 83.0, 83.0], capped, start=60.0)
+    assert steps(actions) == [
+        ("set_power_limit", "thermal-restore", 90.0),
+        ("set_power_limit", "thermal", 80.0),
+    ]
+    assert state.thermal_cap_w == 80.0
+
+
+def test_the_cap_waits_for_the_last_step_to_settle_before_giving_power_back():
+    capped, _ = walk([90.0])
+    state, early = plan(capped, r(temp=70.0), LIMITS, ALL, False, 10.0, ARGS)
+    state, later = plan(state, r(temp=70.0), LIMITS, ALL, False, 30.0, ARGS)
+    assert early == [] and steps(later) == [("reset_power_limit", "thermal-restore", None)]
+
+
+def test_locked_clocks_are_the_last_step_down_and_the_first_given_back():
+    hot, down = walk([95.0] * 6)
+    assert [a.kind for a in down][-1] == "lock_clocks" and hot.thermal_clocks
+    assert [a.kind for a in down].count("lock_clocks") == 1
+    state, up = walk([70.0] * 6, hot, start=180.0)
+    assert steps(up) == [
+        ("reset_clocks", "thermal-restore", None),
+        ("set_power_limit", "thermal-restore", 70.0),
+        ("set_power_limit", "thermal-restore", 80.0),
+        ("set_power_limit", "thermal-restore", 90.0),
+        ("reset_power_limit", "thermal-restore", None),
+    ]
+    assert state.thermal_cap_w is None and not state.thermal_clocks
+
+
+def test_a_gpu_without_a_settable_power_limit_goes_straight_to_locked_clocks_and_back():
+    clocks_only = Capabilities(locked_clocks=True)
+    hot, down = walk([90.0], caps=clocks_only)
+    state, up = walk([75.0], hot, start=30.0, caps=clocks_only)
+    assert [a.kind for a in down] == ["lock_clocks"] and [a.kind for a in up] == ["reset_clocks"]
+    assert state.thermal_cap_w is None and not state.thermal_clocks
+
+
+def test_clocks_power_saving_locked_stay_locked_when_the_thermal_lock_is_given_back():
+    clocks_only = Capabilities(locked_clocks=True)
+    saving, _ = walk([60.0, 60.0, 60.0], util=10.0, caps=clocks_only)
+    assert saving.saving == "clocks"
+    hot, down = walk([90.0], saving, start=90.0, util=10.0, caps=clocks_only)
+    state, up = walk([70.0], hot, start=120.0, util=10.0, caps=clocks_only)
+    assert down == [] and up == [] and hot.thermal_clocks
+    assert state.saving == "clocks" and not state.thermal_clocks
+
+
+def test_a_gpu_saving_power_by_its_limit_is_given_back_the_saving_limit_not_the_default():
+    limit_only = Capabilities(power_limit=True)
+    low = PowerLimits(min_w=30.0, max_w=100.0, default_w=100.0)
+
+    def at(state, temp, now):
+        reading = r(temp=temp, util=10.0, limit=state.thermal_cap_w or 60.0)
+        return plan(state, reading, low, limit_only, False, now, ARGS)
+
+    state, _ = at(IDLE, 60.0, 0.0)
+    state, saving = at(state, 60.0, 60.0)
+    assert steps(saving) == [("set_power_limit", "power-saving", 60.0)]
+    state, down = at(state, 90.0, 90.0)
+    state, up = at(state, 70.0, 120.0)
+    state, back = at(state, 70.0, 150.0)
+    assert steps(down) == [("set_power_limit", "thermal", 50.0)]
+    assert steps(up + back) == [("set_power_limit", "power-saving", 60.0)]
+    assert state.saving == "power" and state.thermal_cap_w is None and back == []
+
+
+@given(
+    temps=st.lists(st.one_of(st.none(), st.floats(-40.0, 150.0)), max_size=60),
+    gaps=st.lists(st.floats(0.0, 400.0), min_size=60, max_size=60),
+    utils=st.lists(st.floats(0.0, 100.0), min_size=60, max_size=60),
+    caps=st.sampled_from([ALL, Capabilities(power_limit=True), Capabilities(locked_clocks=True),
+                          Capabilities()]),
+    boost=st.booleans(),
+)  # fmt: skip
+def test_every_limit_planned_lies_between_the_minimum_and_the_default_whatever_the_readings(
+    temps, gaps, utils, caps, boost
+):
+    state, now = GpuPowerState(), 0.0
+    for temp, gap, util in zip(temps, gaps, utils, strict=False):
+        now += gap
+        reading = GpuReading(index=0, uuid="g", temperature_c=temp, utilization_pct=util,
+                             power_limit_w=state.thermal_cap_w or 100.0)  # fmt: skip
+        state, actions = plan(state, reading, LIMITS, caps, boost, now, ARGS)
+        for a in actions:
+            assert a.watts is None or LIMITS.min_w <= a.watts <= LIMITS.default_w
+            assert a.kind != "set_power_limit" or caps.power_limit
+            assert "clocks" not in a.kind or caps.locked_clocks
+        cap = state.thermal_cap_w
+        assert cap is None or LIMITS.min_w <= cap <= LIMITS.default_w
+
+
+def test_a_cool_gpu_gets_every_thermal_step_back_however_deep_it_was_capped():
+    hot, _ = walk([99.0] * 10)
+    state, _ = walk([50.0] * 10, hot, start=300.0)
+    assert state.thermal_cap_w is None and not state.thermal_clocks
