@@ -20,7 +20,8 @@ Workload (documented assumptions, not a trace of real memory use; nothing here i
   its blocks while active.
 * Cluster: 16 nodes × 4 NVIDIA L4 (23,034 MiB: 5 blocks of 4 GiB). Tasks arrive (a pod asking
   1000 milli-GPU asks for a whole GPU) until twenty in a row fit nowhere; then an hour is
-  sampled every minute.
+  sampled every minute. The extender's choice among equally good nodes is seeded with
+  ``--seed``, so a run repeats.
 
 Tasks per GPU = tasks running, averaged over the hour, per GPU. Utilisation = memory in use /
 memory of every GPU, averaged over the hour. In (c) the leader's reclaim is taken to act within
@@ -46,8 +47,9 @@ import numpy as np
 
 from benchmarks.openb.trace import load_pods, trace_path
 from scheduler_extender.api.app import create_app
+from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.domain import Assignment
-from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
+from scheduler_extender.policy.document import DEFAULT_POLICY, Policy, parse_policy
 from scheduler_extender.remediation.memory import over_budget
 from scheduler_extender.telemetry.clock import FakeClock
 
@@ -122,9 +124,20 @@ def _gpu(i: int, used: float, procs: list[dict[str, Any]]) -> dict[str, Any]:
             "memory_used_mib": min(used, GPU_MIB), "processes": procs}  # fmt: skip
 
 
-LENDING = {"remediation": {"enabled": True, "dryRun": False},
-           "memory": {"idleRelease": {"enabled": True}}}  # fmt: skip
-"""Arm (c)'s policy: the defaults, and idle blocks lent (which needs remediation on)."""
+TIE_SEED = 0
+"""The extender's random choice among equally good nodes is seeded, so a run repeats."""
+
+
+def arm_policy(lending: bool = False, block_mib: int | None = None) -> Policy:
+    """Arm (b)'s policy: the defaults; arm (c)'s: idle blocks lent too (which needs remediation
+    on). ``block_mib``: another ``memory.blockMiB`` than the default."""
+    memory: dict[str, Any] = {} if block_mib is None else {"blockMiB": block_mib}
+    if lending:
+        memory["idleRelease"] = {"enabled": True}
+    spec: dict[str, Any] = {"memory": memory} if memory else {}
+    if lending:
+        spec["remediation"] = {"enabled": True, "dryRun": False}
+    return parse_policy({"spec": spec}) if spec else DEFAULT_POLICY
 
 
 def _pod(task: Task, resource: dict[str, str], qos: str) -> dict[str, Any]:
@@ -133,16 +146,26 @@ def _pod(task: Task, resource: dict[str, str], qos: str) -> dict[str, Any]:
             "spec": {"containers": [{"name": "app", "resources": {"limits": resource}}]}}  # fmt: skip
 
 
-async def blocks(tasks: list[Task], lending: bool = False) -> dict[str, Any]:
+async def blocks(
+    tasks: list[Task],
+    lending: bool = False,
+    *,
+    policy: Policy | None = None,
+    tie_seed: int = TIE_SEED,
+) -> dict[str, Any]:
     """(b): the extender places tasks by memory blocks until one fits nowhere; then an hour.
 
-    (c), with ``lending``: the tasks that found no room wait as best-effort pods, and every
-    minute of the hour the ones that fit in lent idle blocks are placed; the borrowers the
-    leader would evict when owners grow (``borrowers_to_evict``) are released and wait again.
+    (c), where the policy lends idle blocks: the tasks that found no room wait as best-effort
+    pods, and every minute of the hour the ones that fit in lent idle blocks are placed; the
+    borrowers the leader would evict when owners grow (``borrowers_to_evict``) are released
+    and wait again. ``policy``: the extender's (default: ``arm_policy(lending)``); ``tie_seed``
+    seeds its choice among equally good nodes.
     """
     clock = FakeClock()
-    policy = parse_policy({"spec": LENDING}) if lending else DEFAULT_POLICY
-    app = create_app(clock=clock, binder=_Binder(), policy=policy)
+    policy = arm_policy(lending) if policy is None else policy
+    lending = policy.spec.lends_idle_blocks
+    settings = ExtenderSettings(tie_seed=tie_seed)
+    app = create_app(settings, clock=clock, binder=_Binder(), policy=policy)
     state = app.state.ctx.state
     block_mib = state.policy.spec.memory.block_mib
     names = [f"edge-{n}" for n in range(NODES)]
@@ -233,7 +256,7 @@ async def blocks(tasks: list[Task], lending: bool = False) -> dict[str, Any]:
                         waiting.append(task)
             demand = {
                 g: sum(task.use_mib(t, b * block_mib) for task, w, b in placed.values() if w == g)
-                for g in {f"{n}/{i}" for n in names for i in range(GPUS_PER_NODE)}
+                for g in [f"{n}/{i}" for n in names for i in range(GPUS_PER_NODE)]
             }
             short += sum(1 for mib in demand.values() if mib > GPU_MIB)
             used.append(sum(min(mib, GPU_MIB) for mib in demand.values()) / (gpus * GPU_MIB))
@@ -279,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("scheduler_extender").setLevel(logging.ERROR)
     tasks = workload(NODES * GPUS_PER_NODE * 8, ns.seed, ns.trace)
     a = whole(tasks)
-    b = asyncio.run(blocks(tasks))
-    c = asyncio.run(blocks(tasks, lending=True))
+    b = asyncio.run(blocks(tasks, tie_seed=ns.seed))
+    c = asyncio.run(blocks(tasks, lending=True, tie_seed=ns.seed))
     result = {
         "tasks_per_gpu": {"whole": a["tasks_per_gpu"], "blocks": b["tasks_per_gpu"],
                           "blocks_idle_release": c["tasks_per_gpu"]},

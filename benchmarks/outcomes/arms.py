@@ -4,8 +4,6 @@ figures from ``benchmarks.sharing`` at two block sizes.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,33 +68,19 @@ async def one_seed(
     return out
 
 
-@contextlib.contextmanager
-def _block_mib(block_mib: int) -> Iterator[None]:
-    """``benchmarks.sharing`` with another ``memory.blockMiB`` in both of its policies."""
-    names = vars(sharing)  # module globals that blocks() reads when it runs
-    saved = names["DEFAULT_POLICY"], names["LENDING"]
-    names["DEFAULT_POLICY"] = parse_policy({"spec": {"memory": {"blockMiB": block_mib}}})
-    memory = {"blockMiB": block_mib, "idleRelease": {"enabled": True}}
-    names["LENDING"] = {**saved[1], "memory": memory}
-    try:
-        yield
-    finally:
-        names["DEFAULT_POLICY"], names["LENDING"] = saved
-
-
 async def sharing_figures(seed: int, trace: str, block_sizes: tuple[int, ...]) -> dict[str, Any]:
     """Tasks per GPU and memory use: whole GPUs, blocks, blocks with idle release, per block size."""
     work = sharing.workload(sharing.NODES * sharing.GPUS_PER_NODE * 8, seed, trace)
     whole = sharing.whole(work)
     out: dict[str, Any] = {"whole": {k: whole[k] for k in ("tasks_per_gpu", "memory_utilization")}}
     for mib in block_sizes:
-        with _block_mib(mib):
-            for label, lending in (("blocks", False), ("blocks_idle_release", True)):
-                r = await sharing.blocks(work, lending=lending)
-                out[f"{label}_{mib}"] = {
-                    "tasks_per_gpu": r["tasks_per_gpu"],
-                    "tasks_per_gpu_ratio": r["tasks_per_gpu"] / whole["tasks_per_gpu"],
-                    "memory_utilization": r["memory_utilization"],
-                    "gpu_minutes_over_memory": r["gpu_minutes_short"],
-                }
+        for label, lending in (("blocks", False), ("blocks_idle_release", True)):
+            policy = sharing.arm_policy(lending, block_mib=mib)
+            r = await sharing.blocks(work, policy=policy, tie_seed=seed)
+            out[f"{label}_{mib}"] = {
+                "tasks_per_gpu": r["tasks_per_gpu"],
+                "tasks_per_gpu_ratio": r["tasks_per_gpu"] / whole["tasks_per_gpu"],
+                "memory_utilization": r["memory_utilization"],
+                "gpu_minutes_over_memory": r["gpu_minutes_short"],
+            }
     return out
