@@ -40,9 +40,17 @@ class Gone(KubeError):
     """The resourceVersion is too old (410): list again."""
 
 
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _call(fn: Any, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
+    """Call the API; the body is read and the connection given back to the pool.
+
+    Unless ``stream`` (the caller reads and releases it): a connection never given back costs
+    the next call a new TLS handshake, on both sides.
+    """
     try:
         resp = fn(*args, _preload_content=False, **kwargs)
+        if not stream:
+            resp.data  # noqa: B018 - read to the end (kept on the response)
+            resp.release_conn()
     except ApiException as exc:
         message = exc.reason or ""
         try:
@@ -132,6 +140,7 @@ class KubeApi:
             fn,
             *args,
             watch=True,
+            stream=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_s,

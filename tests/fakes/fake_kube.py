@@ -163,6 +163,8 @@ class FakeKube:
         self._watches: list[_Watch] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.connections = 0
+        """TCP connections accepted so far."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> FakeKube:
@@ -192,6 +194,10 @@ class FakeKube:
         class Server(ThreadingHTTPServer):
             def handle_error(self, request: Any, client_address: Any) -> None:
                 return None  # clients closing keep-alive connections is not an error here
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                fake.connections += 1
+                super().process_request(request, client_address)
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -283,3 +283,16 @@ async def test_the_node_filter_chooses_is_reserved_until_bind_so_the_next_filter
             assert state.reserved("uid-b")
         state.release("uid-b")
         assert (await client.post("/filter", json=first)).json()["NodeNames"] == ["n1"]
+
+
+def test_api_calls_give_their_connection_back_so_binds_reuse_it(kube, kubeconfig):
+    api = make_api(kubeconfig)
+    kube.add_node("n1")
+    for i in range(20):
+        kube.add_pod(f"p{i}", uid=f"uid-p{i}")
+    before = kube.connections
+    for i in range(20):
+        api.bind_pod("default", f"p{i}", f"uid-p{i}", "n1", {"edgegpu.io/gpu-index": "0"})
+        api.get_node("n1")
+    assert kube.get("pods", "p19")["spec"]["nodeName"] == "n1"
+    assert kube.connections - before <= 2  # one kept-alive connection, not one per call
