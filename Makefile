@@ -78,7 +78,7 @@ bench-e2e: $(STAMP) ## the real kube-scheduler with and without the extender, 1k
 
 bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the replay harness (benchmarks/results/openb-e2e.json, ~5 min)
 	bash tests/e2e/build-controlplane.sh >/dev/null
-	$(PY) -m benchmarks.openb_e2e --profiles recommended,gpupods $(BENCH_ARGS)
+	$(PY) -m benchmarks.openb_e2e --profiles shipped,gpupods $(BENCH_ARGS)
 
 bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation: whole GPUs, memory blocks, blocks with idle ones lent (benchmarks/results/sharing.json, seconds)
 	$(PY) -m benchmarks.sharing $(BENCH_ARGS)

@@ -454,14 +454,19 @@ class PinnedExtender(Extender):
         return ["taskset", "-c", "1", *argv], env
 
 
-def schedule_with(cp: ControlPlane, url: str, name: str, **overrides: Any) -> EdgegpuScheduler:
-    """A kube-scheduler with the project's configuration, calling ``url``, client qps raised."""
+def schedule_with(
+    cp: ControlPlane, url: str, name: str, *, every_node: bool = False, **overrides: Any
+) -> EdgegpuScheduler:
+    """A kube-scheduler with the project's configuration, calling ``url``, client qps raised;
+    ``every_node``: every feasible node found and sent (``percentageOfNodesToScore: 100``)."""
     sched = EdgegpuScheduler(cp, url, name=name, overrides=overrides)
     original = sched.config
 
     def config() -> dict[str, Any]:
         doc = original()
         doc["clientConnection"].update(qps=CLIENT_QPS, burst=2 * CLIENT_QPS)
+        if every_node:
+            doc["percentageOfNodesToScore"] = 100
         return doc
 
     sched.config = config  # type: ignore[method-assign]
@@ -470,13 +475,20 @@ def schedule_with(cp: ControlPlane, url: str, name: str, **overrides: Any) -> Ed
 
 
 async def bench_nodes(
-    count: int, pods: int, rounds: int, folder: Path, floor: bool = False
+    count: int,
+    pods: int,
+    rounds: int,
+    folder: Path,
+    floor: bool = False,
+    every_node: bool = False,
 ) -> dict[str, Any]:
     """The arms, interleaved, on one control plane with ``count`` Nodes.
 
-    With ``floor``, a third: the project's scheduler configuration calling the least any
+    With ``floor``, another: the project's scheduler configuration calling the least any
     extender must do (``benchmarks.floor``: every node passes, every score 0) for filter and
-    prioritize, kube-scheduler binding itself: the cost of the extender protocol alone.
+    prioritize, kube-scheduler binding itself: the cost of the extender protocol alone. With
+    ``every_node``, another: the project's, with every feasible node found and sent to the
+    extender (``percentageOfNodesToScore: 100``) instead of kube-scheduler's default share.
     """
     cp = ControlPlane(folder)
     try:
@@ -492,6 +504,9 @@ async def bench_nodes(
         token_file.write_text(f"{token} *\n")
         ext = PinnedExtender(cp, "edgegpu-extender-0")
         ext.token_file = token_file
+        if every_node:
+            served = ["edgegpu-scheduler", "edgegpu-every-node-scheduler"]
+            ext.extra_env["EDGEGPU_SCHEDULER_NAMES"] = json.dumps(served)
         ext.start()
         pusher = Pusher(ext.port, token, count, tls=ext.context())
         stop = asyncio.Event()
@@ -508,6 +523,12 @@ async def bench_nodes(
             floor_sched = schedule_with(cp, f"http://127.0.0.1:{port}", "floor-scheduler",
                                         bindVerb="", preemptVerb="")  # fmt: skip
             arm_names.append("floor")
+        every_sched = None
+        if every_node:
+            every_sched = schedule_with(
+                cp, ext.url, "edgegpu-every-node-scheduler", every_node=True
+            )
+            arm_names.append("every_node")
 
         def all_reported() -> bool:
             return bool(ext.get("/readyz") is not None) and pusher.stats.answered >= count
@@ -522,7 +543,8 @@ async def bench_nodes(
         for r in range(rounds):
             for arm in arm_names:
                 scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
-                             "floor": "floor-scheduler"}[arm]  # fmt: skip
+                             "floor": "floor-scheduler",
+                             "every_node": "edgegpu-every-node-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
                 counts_before = extender_counts(ext)
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
@@ -532,7 +554,7 @@ async def bench_nodes(
                 counts = extender_counts(ext)
                 after = vars(pusher.stats)
                 result["pushes"] = {k: after[k] - before[k] for k in after}
-                if arm == "ours":
+                if arm in ("ours", "every_node"):
                     result["extender_errors"] = counts["errors"] - counts_before["errors"]
                     result["verbs_ms"] = {
                         verb: round(
@@ -555,8 +577,9 @@ async def bench_nodes(
         await pushing
         plain.stop()
         sched.stop()
-        if floor_sched is not None:
-            floor_sched.stop()
+        for extra in (floor_sched, every_sched):
+            if extra is not None:
+                extra.stop()
         return {"arms": arms, "extender_rss_mib": rss_peak, "versions": cp.versions()}
     finally:
         cp.stop()
@@ -582,11 +605,12 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
     out["pushes_during_bursts"] = {
         k: sum(r["pushes"][k] for r in ours_runs) for k in ours_runs[0]["pushes"]
     }
-    if "floor" in arms:
-        out["floor"] = {
-            key: round(statistics.median(r[key] for r in arms["floor"]), 1)
-            for key in ("pods_per_s", "bind_p50_ms", "bind_p99_ms")
-        }
+    for extra in ("floor", "every_node"):
+        if extra in arms:
+            out[extra] = {
+                key: round(statistics.median(r[key] for r in arms[extra]), 1)
+                for key in ("pods_per_s", "bind_p50_ms", "bind_p99_ms")
+            }
     out["placement"] = {
         arm: {k: statistics.median(r[k] for r in runs) for k in ("nodes_used", "gpus_touched")}
         for arm, runs in arms.items()
@@ -604,7 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="bursts per arm, interleaved")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "e2e.json")
     p.add_argument("--floor", action="store_true",
-                   help="a third arm: the extender protocol's own cost (benchmarks.floor)")  # fmt: skip
+                   help="another arm: the extender protocol's own cost (benchmarks.floor)")  # fmt: skip
+    p.add_argument("--every-node", action="store_true",
+                   help="another arm: every feasible node sent (percentageOfNodesToScore 100)")  # fmt: skip
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         log("bench-e2e: needs two CPUs (the extender gets one to itself)")
@@ -622,7 +648,14 @@ def main(argv: list[str] | None = None) -> int:
     for count in (int(c) for c in args.nodes.split(",")):
         with tempfile.TemporaryDirectory(prefix=f"edgegpu-bench-{count}-") as tmp:
             result = asyncio.run(
-                bench_nodes(count, args.pods, args.rounds, Path(tmp), floor=args.floor)
+                bench_nodes(
+                    count,
+                    args.pods,
+                    args.rounds,
+                    Path(tmp),
+                    floor=args.floor,
+                    every_node=args.every_node,
+                )
             )
         doc["versions"] = result.pop("versions")
         doc[str(count)] = combine(result)

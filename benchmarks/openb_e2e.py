@@ -5,13 +5,16 @@ For each seed, a random subset of the OpenB nodes becomes Node objects on the e2
 GPUs (1,000 blocks each: one block per milli-GPU, as the replay's policy says), and the seed's
 workload (the replay harness's arrival order, 130 % of the GPUs) is created pod by pod: each gets
 one scheduling attempt, and a pod that fits nowhere is deleted. The unallocated GPU % at 100 %
-arrived is the replay harness's own measure, computed the same way; the harness's protocol mode
-(``edgegpu``) runs on the same subset and order beside it. Writes
+arrived is the replay harness's own measure, computed the same way; the harness with edgegpu's
+policy (choosing by the full-precision score) runs on the same subset and order beside it. Writes
 ``benchmarks/results/openb-e2e.json``.
 
-Profiles: ``recommended`` (docs/install.md: every pod goes to the extender, all nodes scored,
-kube-scheduler's resource scoring off) and ``gpupods`` (the shipped one: only GPU pods reach the
-extender).
+Profiles: ``shipped`` (manifests/scheduler/kube-scheduler-config.yaml as it is: every pod of
+the profile reaches the extender, every feasible node is sent, filter answers the best one) and
+``gpupods`` (the same with ``managedResources`` naming the GPU resources: pods without GPUs never
+reach the extender and kube-scheduler places them itself). The extender breaks ties between
+equally good nodes with the seed's random choices; the harness picks by the same full-precision
+score.
 """
 
 from __future__ import annotations
@@ -136,17 +139,20 @@ def pod_object(pods: trace.Pods, j: int, name: str) -> dict[str, Any]:
             "metadata": {"name": name, "annotations": {"edgegpu.io/qos": qos}}, "spec": spec}  # fmt: skip
 
 
+PROFILES = ("shipped", "gpupods")
+
+
 def scheduler_config(doc: dict[str, Any], profile: str) -> dict[str, Any]:
     """The project's configuration, changed as the profile says."""
     doc["clientConnection"].update(qps=1000, burst=2000)
-    if profile == "recommended":
-        doc["percentageOfNodesToScore"] = 100
-        doc["profiles"][0]["plugins"] = {
-            "score": {"disabled": [{"name": "NodeResourcesFit"},
-                                   {"name": "NodeResourcesBalancedAllocation"}]}
-        }  # fmt: skip
+    if profile == "gpupods":
         for ext in doc["extenders"]:
-            ext.pop("managedResources", None)  # every pod, CPU-only ones too
+            ext["managedResources"] = [
+                {"name": name, "ignoredByScheduler": False}
+                for name in (MEM_BLOCK_RESOURCE, "nvidia.com/gpu")
+            ]
+    elif profile != "shipped":
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
     return doc
 
 
@@ -174,7 +180,12 @@ def decided(api: httpx.Client, name: str, timeout_s: float = 30.0) -> str:
 
 
 def run_real(
-    folder: Path, nodes: trace.Nodes, pods: trace.Pods, order: np.ndarray, profile: str
+    folder: Path,
+    nodes: trace.Nodes,
+    pods: trace.Pods,
+    order: np.ndarray,
+    profile: str,
+    seed: int,
 ) -> dict[str, Any]:
     """The workload through the real scheduler: per-event arrived and used milli-GPU."""
     cp = ControlPlane(folder)
@@ -192,6 +203,7 @@ def run_real(
         (folder / "agent-tokens").write_text(f"{token} *\n")
         ext = PinnedExtender(cp, "edgegpu-extender-0")
         ext.token_file = folder / "agent-tokens"
+        ext.extra_env["EDGEGPU_TIE_SEED"] = str(seed)
         ext.start()
         with httpx.Client(base_url=ext.url, timeout=30, verify=ext.context(),
                           headers={"authorization": f"Bearer {token}"}) as client:  # fmt: skip
@@ -247,12 +259,12 @@ def run_real(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Each seed: the harness's protocol mode and the real scheduler on the same slice."""
+    """Each seed: the harness (best full-precision score) and the real scheduler on one slice."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default="default", choices=trace.TRACES)
     p.add_argument("--nodes", type=int, default=300, help="nodes drawn from the trace's cluster")
     p.add_argument("--seeds", default="42,43", help="seeds, comma-separated")
-    p.add_argument("--profiles", default="recommended", help="recommended and/or gpupods")
+    p.add_argument("--profiles", default="shipped", help="shipped and/or gpupods")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "openb-e2e.json")
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) >= 2:
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes = subset(everything, args.nodes, seed)
         fm = frag.FragModel.build(trace.typical_pods(pods), pods, nodes)
         harness = replay.Replay(nodes, pods, fm).run(
-            seed, chooser=ours.Ours(pods, policy, "protocol").chooser
+            seed, chooser=ours.Ours(pods, policy, "ideal").chooser
         )
         order = trace.workload(pods, nodes.total_gpus, np.random.default_rng(seed))
         row: dict[str, Any] = {
@@ -273,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
             "harness_edgegpu": round(replay.unallocated_at(harness), 2),
         }  # fmt: skip
         log(f"seed {seed}: {nodes.size} nodes, {nodes.total_gpus} GPUs, {len(order)} pods; "
-            f"harness (edgegpu, protocol mode) {row['harness_edgegpu']} % unallocated")  # fmt: skip
+            f"harness (edgegpu, best score) {row['harness_edgegpu']} % unallocated")  # fmt: skip
         for profile in args.profiles.split(","):
             with tempfile.TemporaryDirectory(prefix="edgegpu-openb-") as tmp:
-                real = run_real(Path(tmp), nodes, pods, order, profile)
+                real = run_real(Path(tmp), nodes, pods, order, profile, seed)
             row["versions"] = real.pop("versions")
             row[profile] = real
             log(f"seed {seed}, profile {profile}: {json.dumps(real)}")

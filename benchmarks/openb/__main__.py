@@ -14,9 +14,11 @@ from typing import Any
 
 from benchmarks.openb import frag, ours, policies, replay, trace
 
-POLICIES = (*policies.BASELINES, "edgegpu", "edgegpu-ideal", "edgegpu-gpupods")
-"""``edgegpu-gpupods``: protocol mode with the extender asked about GPU pods only (the default
-``managedResources``), so CPU-only pods land by kube-scheduler's tie-break alone."""
+POLICIES = (*policies.BASELINES, "edgegpu", "edgegpu-points", "edgegpu-gpupods")
+"""``edgegpu``: the best node by the full score, as filter answers it; ``edgegpu-points``: by the
+0..10 points (``--filter-answer all``); ``edgegpu-gpupods``: the extender asked about GPU pods
+only (``managedResources`` naming the GPU resources), so CPU-only pods land by kube-scheduler's
+tie-break alone."""
 PUBLISHED_NAMES = {
     "01-Random": "random",
     "02-DotProd": "dotprod",
@@ -51,7 +53,7 @@ def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
     if policy == "random":
         result = rp.run(seed, chooser=replay.random_chooser)
     elif policy.startswith("edgegpu"):
-        mode = "ideal" if policy == "edgegpu-ideal" else "protocol"
+        mode = "protocol" if policy == "edgegpu-points" else "ideal"
         chooser = ours.Ours(
             pods, ours.load_policy(), mode, gpu_pods_only=policy == "edgegpu-gpupods"
         ).chooser

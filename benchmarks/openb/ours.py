@@ -7,8 +7,9 @@ kube-scheduler's own CPU and memory fit and the pod's GPU model constraint are t
 filter; the extender filters on GPUs (``gpu_verdict``), scores (``finish``) and chooses the
 GPUs bind gives (``GpuVerdict.gpus``).
 
-Two modes: ``protocol`` picks by the integer 0..10 points /prioritize answers (ties as the
-replay breaks them); ``ideal`` by the full-precision score.
+Two modes: ``ideal`` picks by the full-precision score, as filter does when it answers the best
+node (``--filter-answer best``); ``protocol`` by the integer 0..10 points /prioritize answers
+(``--filter-answer all``, kube-scheduler's own scorers left out). Ties as the replay breaks them.
 """
 
 from __future__ import annotations

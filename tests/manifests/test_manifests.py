@@ -19,7 +19,6 @@ from scheduler_extender import crd
 from scheduler_extender.api.app import create_app
 from scheduler_extender.cli import command_line as extender_command_line
 from scheduler_extender.config import ExtenderSettings
-from scheduler_extender.names import MEM_BLOCK_RESOURCE, WHOLE_GPU_RESOURCES
 from scheduler_extender.policy.document import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +114,8 @@ def test_the_scheduler_config_matches_the_extender_routes_and_resources():
         assert f"/{ext[verb]}" in paths
     assert ext["weight"] > 0 and ext["nodeCacheCapable"] is True
     assert ext["httpTimeout"].endswith("s")
-    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
-    assert managed == dict.fromkeys([MEM_BLOCK_RESOURCE, *WHOLE_GPU_RESOURCES], False)
+    # Every pod of the profile reaches the extender.
+    assert "managedResources" not in ext
     service = by_kind("Service", "edgegpu-extender")
     host, port = ext["urlPrefix"].removeprefix("https://").split(":")
     assert ext["enableHTTPS"] is True and set(ext["tlsConfig"]) == {"certFile", "keyFile", "caFile"}
