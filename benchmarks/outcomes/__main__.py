@@ -34,6 +34,11 @@ def _arm(tallies: list[sim.Tally], hours: float) -> dict[str, Any]:
     out: dict[str, Any] = {
         "gpu_minutes_over_max_temp": float(np.mean(each(lambda t: t.hot_min))),
         "throttled_gpu_minutes": float(np.mean(each(lambda t: t.throttled_min))),
+        "throttled_clock_lost_gpu_minutes": float(np.mean(each(lambda t: t.clock_lost_min))),
+        "throttled_gpu_minutes_by": {
+            cause: float(np.mean(each(lambda t, c=cause: t.throttled_by[c])))
+            for cause in tallies[0].throttled_by
+        },
         "slowed_gpu_minutes": float(np.mean(each(lambda t: t.slowed_min))),
         "energy_kwh": float(np.mean(energy)),
         "energy_kwh_sd": float(np.std(energy)),
@@ -139,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"{'arm':20} {'>=maxT min':>10} {'throttled':>9} {'kWh':>7} {'Wh/task':>7} "
+    print(f"{'arm':20} {'>=maxT min':>10} {'throttled':>9} {'lost':>6} {'kWh':>7} {'Wh/task':>7} "
           f"{'unalloc%':>8} {'GPU util':>8} {'mem util':>8} {'loop s':>6} {'no-loop s':>9}")  # fmt: skip
     for name, a in result["arms"].items():
         f = a["interruption_s_per_fault"]
         print(
             f"{name:20} {a['gpu_minutes_over_max_temp']:10.1f} {a['throttled_gpu_minutes']:9.1f} "
+            f"{a['throttled_clock_lost_gpu_minutes']:6.1f} "
             f"{a['energy_kwh']:7.2f} {a['energy_wh_per_completed_task']:7.1f} "
             f"{a['unallocated_pct']:8.2f} {a['mean_gpu_utilization']:8.1%} "
             f"{a['mean_gpu_memory_utilization']:8.1%} {f['with_fault_loop'] or 0:6.1f} "

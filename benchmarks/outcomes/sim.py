@@ -71,6 +71,13 @@ class Tally:
 
     hot_min: float = 0.0
     throttled_min: float = 0.0
+    throttled_by: dict[str, float] = field(
+        default_factory=lambda: {"hw_slowdown": 0.0, "power_cap": 0.0, "clock_lock": 0.0}
+    )
+    """Throttled GPU-minutes by what held the clock down (one minute may count under two)."""
+    clock_lost_min: float = 0.0
+    """GPU-minutes of full clock the throttling took: Σ (unthrottled − clock) over throttled
+    GPU-minutes (a minute at half clock counts ½; one 5 % under, 0.05)."""
     slowed_min: float = 0.0
     energy_j: float = 0.0
     completed: int = 0
@@ -206,6 +213,8 @@ async def run(
             np.where(saving, lock, 1.0),
         )
         thermal = clock < unthrottled - 1e-6
+        capped = limit_clock < unthrottled - 1e-6
+        locked = thermal_lock & (lock < 1)
         done = physics.progress(demand, clock)
         temp = physics.temperature_step(temp, g.inlet_c + g.r * power, STEP_S)
         for name in list(running):
@@ -244,7 +253,13 @@ async def run(
             minutes = STEP_S / 60
             working = demand > 0
             tally.hot_min += float((temp >= MAX_TEMP_C).sum()) * minutes
-            tally.throttled_min += float((working & thermal).sum()) * minutes
+            throttled = working & thermal
+            tally.throttled_min += float(throttled.sum()) * minutes
+            tally.clock_lost_min += float((unthrottled - clock)[throttled].sum()) * minutes
+            by = tally.throttled_by
+            by["hw_slowdown"] += float((throttled & hw).sum()) * minutes
+            by["power_cap"] += float((throttled & capped).sum()) * minutes
+            by["clock_lock"] += float((throttled & locked).sum()) * minutes
             tally.slowed_min += float((done < 1).sum()) * minutes
             tally.energy_j += float(power.sum()) * STEP_S
             tally.gpu_util.append(float(np.mean(np.minimum(1.0, demand / clock))))
