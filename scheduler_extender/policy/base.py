@@ -1,4 +1,4 @@
-"""Shared pieces of the rules: score range, score terms, verdict reasons, durations.
+"""Shared pieces of the rules: score range, spec sections, score terms, verdict reasons, durations.
 
 Imports only numpy, pydantic, the standard library, ``domain`` and ``policy.batch``.
 """
@@ -8,18 +8,22 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+)
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.policy.batch import FloatArray, NodeBatch
-
-if TYPE_CHECKING:
-    from scheduler_extender.policy.document import PolicySpec
 
 MAX_SCORE: Final = 10
 
@@ -44,6 +48,41 @@ class ArgsModel(BaseModel):
     )
 
 
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Section(Generic[ArgsT]):
+    """A section of the policy's ``spec``, declared by the rule it configures.
+
+    ``document.PolicySpec`` has one field per registered section: read from ``key``, named
+    ``name``, ``args()`` where the document leaves it out, described by ``help`` in the CRD.
+    A rule reads its own section as ``spec[SECTION]``.
+    """
+
+    key: str
+    """The section's key in documents, camelCase as in the CRD (``thermalThrottling``)."""
+    args: type[ArgsT]
+    """The section's model: its fields, defaults and validation."""
+    help: str
+    """What the section is for (its description in the CRD)."""
+    name: str = field(init=False)
+    """The key in snake_case: the attribute of ``PolicySpec`` (``thermal_throttling``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", re.sub(r"(?<!^)(?=[A-Z])", "_", self.key).lower())
+
+    def as_field(self) -> tuple[type[ArgsT], Any]:
+        """The section as a pydantic field definition (type, ``FieldInfo``) of ``PolicySpec``."""
+        return self.args, Field(default_factory=self.args, alias=self.key, description=self.help)
+
+
+class Sections(Protocol):
+    """The policy's ``spec`` as the rules see it: each rule's section by its ``Section``."""
+
+    def __getitem__(self, section: Section[ArgsT], /) -> ArgsT: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Term:
     """A score term of a rule: it names the term's weight in the policy and in explanations."""
@@ -54,7 +93,7 @@ class Term:
     """What a high value of the term means (the weight's description in the CRD)."""
     weights: Mapping[QosClass, float]
     """Default weight per QoS class (0 = the class ignores the term)."""
-    per_gpu: Callable[[NodeBatch, PolicySpec], FloatArray] | None = None
+    per_gpu: Callable[[NodeBatch, Sections], FloatArray] | None = None
     """The term (N, G) in 0..1 from each GPU's own readings, whatever the pod asks. None for
     memoryFit and topology, which depend on the pod and are worked out in ``combine``."""
 

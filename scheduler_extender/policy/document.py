@@ -1,29 +1,23 @@
 """The GPUSchedulingPolicy document (DESIGN.md §5): the seed's fields verbatim, ours optional.
 
-Pure: parses an already-loaded mapping; reading files and YAML is the caller's job.
-Imports only pydantic and the rule modules.
+Pure: parses an already-loaded mapping; reading files and YAML is the caller's job. ``spec`` is
+built from ``SECTIONS``, each declared by its rule. Imports only pydantic and the rule modules.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.names import POLICY_API_VERSION, POLICY_KIND, WHOLE_GPU_RESOURCES
-from scheduler_extender.policy.base import ArgsModel
-from scheduler_extender.policy.qos import QosArgs, TermWeights
-from scheduler_extender.policy.remediation import RemediationArgs
-from scheduler_extender.policy.rules import TERMS
-from scheduler_extender.policy.rules.fragmentation import FragmentationArgs
-from scheduler_extender.policy.rules.memory import MemoryArgs
-from scheduler_extender.policy.rules.power import PowerArgs
-from scheduler_extender.policy.rules.thermal import ThermalArgs
-from scheduler_extender.policy.rules.topology import TopologyArgs
-from scheduler_extender.policy.staleness import StaleArgs
+from scheduler_extender.policy import remediation, staleness
+from scheduler_extender.policy.base import ArgsModel, ArgsT, Section
+from scheduler_extender.policy.qos import SECTION as QOS, WEIGHTS
+from scheduler_extender.policy.rules import TERMS, fragmentation, memory, power, thermal, topology
 
 _SAVING = TERMS.index("powerSaving")
 
@@ -43,56 +37,32 @@ class PrioritizeArgs(ArgsModel):
     )
 
 
-class PolicySpec(ArgsModel):
+PRIORITIZE = Section(
+    "prioritize", PrioritizeArgs, "How scores become kube-scheduler's 0..10 points."
+)
+
+SECTIONS: Final[tuple[Section[Any], ...]] = (
+    power.SECTION,
+    thermal.SECTION,
+    QOS,
+    WEIGHTS,
+    memory.SECTION,
+    fragmentation.SECTION,
+    staleness.SECTION,
+    topology.SECTION,
+    remediation.SECTION,
+    PRIORITIZE,
+)
+"""Every section of ``spec``, in the order documents and the CRD list them."""
+
+
+class _Spec(ArgsModel):
     """``spec``: every rule's arguments. Unknown keys are errors (a typo must not pass silently)."""
 
-    power_saving: PowerArgs = Field(
-        default_factory=PowerArgs,
-        alias="powerSaving",
-        description="Low-QoS pods pack onto active GPUs; agents lower idle GPUs' clocks.",
-    )
-    thermal_throttling: ThermalArgs = Field(
-        default_factory=ThermalArgs,
-        alias="thermalThrottling",
-        description="Hot GPUs take no pods until cooled down; long-hot GPUs shed pods.",
-    )
-    qos: QosArgs = Field(
-        default_factory=QosArgs, description="QoS classes of pods and each class's term weights."
-    )
-    weights: TermWeights = Field(
-        default_factory=TermWeights,
-        description="Multipliers applied on top of every class's weights.",
-    )
-    memory: MemoryArgs = Field(
-        default_factory=MemoryArgs,
-        description="GPU memory blocks (edgegpu.io/gpu-mem-block) and their budgets.",
-    )
-    fragmentation: FragmentationArgs = Field(
-        default_factory=FragmentationArgs,
-        description="Score placements by the GPU fragmentation they leave (FGD).",
-    )
-    stale_telemetry: StaleArgs = Field(
-        default_factory=StaleArgs,
-        alias="staleTelemetry",
-        description="When a node's telemetry is too old, and which classes still pass it.",
-    )
-    topology: TopologyArgs = Field(
-        default_factory=TopologyArgs, description="Racks and RDMA for pods of one job group."
-    )
-    remediation: RemediationArgs = Field(
-        default_factory=RemediationArgs,
-        description="The fault loop: cordon, evict, self-test, reboot decision, uncordon.",
-    )
-    prioritize: PrioritizeArgs = Field(
-        default_factory=PrioritizeArgs,
-        description="How scores become kube-scheduler's 0..10 points.",
-    )
-    whole_gpu_resources: tuple[str, ...] = Field(
-        WHOLE_GPU_RESOURCES,
-        alias="wholeGPUResources",
-        min_length=1,
-        description="Extended resources that ask for whole GPUs (each vendor's device plugin's).",
-    )
+    def __getitem__(self, section: Section[ArgsT], /) -> ArgsT:
+        """A rule's section (``base.Sections``): ``spec[thermal.SECTION]``."""
+        args: ArgsT = getattr(self, section.name)
+        return args
 
     @property
     def lends_idle_blocks(self) -> bool:
@@ -101,18 +71,62 @@ class PolicySpec(ArgsModel):
         ``memory.idleRelease`` on, and remediation on and not a dry run, to take them back:
         never one without the other.
         """
-        r = self.remediation
-        return self.memory.idle_release.enabled and r.enabled and not r.dry_run
+        r = self[remediation.SECTION]
+        return self[memory.SECTION].idle_release.enabled and r.enabled and not r.dry_run
 
     def notes(self) -> list[str]:
         """Settings that are valid but have no effect as set (said, never refused)."""
         out = []
-        if self.memory.idle_release.enabled and not self.lends_idle_blocks:
+        if self[memory.SECTION].idle_release.enabled and not self.lends_idle_blocks:
             out.append(
                 "memory.idleRelease has no effect without remediation.enabled and dryRun: false "
                 "(nothing is lent that could not be taken back)"
             )
         return out
+
+
+_WHOLE_GPU_RESOURCES: Any = Field(
+    WHOLE_GPU_RESOURCES,
+    alias="wholeGPUResources",
+    min_length=1,
+    description="Extended resources that ask for whole GPUs (each vendor's device plugin's).",
+)
+
+if TYPE_CHECKING:
+    from scheduler_extender.policy.qos import QosArgs, TermWeights
+    from scheduler_extender.policy.remediation import RemediationArgs
+    from scheduler_extender.policy.rules.fragmentation import FragmentationArgs
+    from scheduler_extender.policy.rules.memory import MemoryArgs
+    from scheduler_extender.policy.rules.power import PowerArgs
+    from scheduler_extender.policy.rules.thermal import ThermalArgs
+    from scheduler_extender.policy.rules.topology import TopologyArgs
+    from scheduler_extender.policy.staleness import StaleArgs
+
+    class PolicySpec(_Spec):
+        """What type checkers see: the sections by name (a test keeps it equal to SECTIONS)."""
+
+        power_saving: PowerArgs
+        thermal_throttling: ThermalArgs
+        qos: QosArgs
+        weights: TermWeights
+        memory: MemoryArgs
+        fragmentation: FragmentationArgs
+        stale_telemetry: StaleArgs
+        topology: TopologyArgs
+        remediation: RemediationArgs
+        prioritize: PrioritizeArgs
+        whole_gpu_resources: tuple[str, ...] = _WHOLE_GPU_RESOURCES
+
+        def __init__(self, **sections: Any) -> None: ...  # every section has a default
+else:
+    PolicySpec = create_model(
+        "PolicySpec",
+        __base__=_Spec,
+        __doc__=_Spec.__doc__,
+        __module__=__name__,
+        **{section.name: section.as_field() for section in SECTIONS},
+        whole_gpu_resources=(tuple[str, ...], _WHOLE_GPU_RESOURCES),
+    )
 
 
 class PolicyMetadata(BaseModel):

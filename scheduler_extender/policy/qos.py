@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 from pydantic import Field, create_model, model_validator
 
 from scheduler_extender.domain import QosClass
-from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.base import ArgsModel, Section
 from scheduler_extender.policy.rules import REGISTRY, TERMS
 
 
@@ -98,6 +98,10 @@ class QosArgs(ArgsModel):
     def class_weights(self, qos: QosClass) -> TermWeights:
         """Term weights in force for one class."""
         return self.weights.get(qos, DEFAULT_CLASS_WEIGHTS[qos])
+
+
+SECTION = Section("qos", QosArgs, "QoS classes of pods and each class's term weights.")
+WEIGHTS = Section("weights", TermWeights, "Multipliers applied on top of every class's weights.")
 
 
 def resolve_class(annotation: str | None, priority: int | None, args: QosArgs) -> QosClass:

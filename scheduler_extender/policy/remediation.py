@@ -9,7 +9,7 @@ import math
 
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration
+from scheduler_extender.policy.base import ArgsModel, Duration, Section
 
 
 class RemediationArgs(ArgsModel):
@@ -98,3 +98,10 @@ class RemediationArgs(ArgsModel):
         if self.max_unavailable_pct <= 0:
             return 0
         return max(1, math.floor(gpu_nodes * self.max_unavailable_pct / 100.0))
+
+
+SECTION = Section(
+    "remediation",
+    RemediationArgs,
+    "The fault loop: cordon, evict, self-test, reboot decision, uncordon.",
+)

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from scheduler_extender.domain import QosClass
-from scheduler_extender.policy.base import ArgsModel, Duration
+from scheduler_extender.policy.base import ArgsModel, Duration, Section
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -63,3 +63,10 @@ class StaleArgs(ArgsModel):
         Takes one interval or an array of them (one per node).
         """
         return self.after_s if self.after_s is not None else self.interval_multiple * interval_s
+
+
+SECTION = Section(
+    "staleTelemetry",
+    StaleArgs,
+    "When a node's telemetry is too old, and which classes still pass it.",
+)

@@ -1,8 +1,9 @@
 """The scoring rules, one module each, and the registry of their score terms.
 
-A rule module holds its ``Args`` (a section of the policy's ``spec``), its pure functions and
-its ``Term``. ``TERMS`` below is the one list ``combine``, the weights and the explanations
-read; topology stays last (it is added after the GPUs are chosen).
+A rule module holds its ``Args`` and their ``SECTION`` of the policy's ``spec`` (registered in
+``document.SECTIONS``), its pure functions and its ``Term``. ``TERMS`` below is the one list
+``combine``, the weights and the explanations read; topology stays last (it is added after the
+GPUs are chosen).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from scheduler_extender.domain import PodDemand
-from scheduler_extender.policy.base import ArgsModel
+from scheduler_extender.policy.base import ArgsModel, Section
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -100,6 +100,13 @@ class FragmentationArgs(ArgsModel):
         gt=0,
         description="Share of the learned CPU and memory per GPU a free GPU needs to count usable.",
     )
+
+
+SECTION = Section(
+    "fragmentation",
+    FragmentationArgs,
+    "Score placements by the GPU fragmentation they leave (FGD).",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,21 +6,16 @@ Pure; imports only numpy, ``domain`` and ``policy.base``/``batch``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from scheduler_extender.domain import Health
-from scheduler_extender.policy.base import Term, class_weights
+from scheduler_extender.policy.base import Sections, Term, class_weights
 from scheduler_extender.policy.batch import FloatArray, NodeBatch
-
-if TYPE_CHECKING:
-    from scheduler_extender.policy.document import PolicySpec
 
 _HEALTHY = int(Health.HEALTHY)
 
 
-def _term(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+def _term(batch: NodeBatch, spec: Sections) -> FloatArray:
     """1 for a healthy GPU, 0 for a degraded one."""
     healthy: FloatArray = (batch.health == _HEALTHY).astype(np.float64)
     return healthy

@@ -12,7 +12,14 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration, Term, class_weights, clip01
+from scheduler_extender.policy.base import (
+    ArgsModel,
+    Duration,
+    Section,
+    Term,
+    class_weights,
+    clip01,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -84,6 +91,11 @@ class MemoryArgs(ArgsModel):
         alias="idleRelease",
         description="Idle blocks lent to best-effort pods (off by default).",
     )
+
+
+SECTION = Section(
+    "memory", MemoryArgs, "GPU memory blocks (edgegpu.io/gpu-mem-block) and their budgets."
+)
 
 
 def capacity_blocks(memory_total_mib: FloatArray, args: MemoryArgs) -> IntArray:

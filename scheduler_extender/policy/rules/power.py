@@ -5,18 +5,13 @@ Pure; imports only numpy, pydantic and the policy's ``base``, ``batch`` and ``me
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Term, class_weights, clip01
+from scheduler_extender.policy.base import ArgsModel, Section, Sections, Term, class_weights, clip01
 from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.rules import memory
-
-if TYPE_CHECKING:
-    from scheduler_extender.policy.document import PolicySpec
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -36,6 +31,13 @@ class PowerArgs(ArgsModel):
         le=100,
         description="%. Utilisation below which the agent lowers clocks; at or above = active.",
     )
+
+
+SECTION = Section(
+    "powerSaving",
+    PowerArgs,
+    "Low-QoS pods pack onto active GPUs; agents lower idle GPUs' clocks.",
+)
 
 
 def headroom_score(power_w: FloatArray, power_limit_w: FloatArray) -> FloatArray:
@@ -58,15 +60,15 @@ def is_active(utilization_pct: FloatArray, busy: BoolArray, args: PowerArgs) -> 
     return loaded | busy
 
 
-def _headroom(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+def _headroom(batch: NodeBatch, spec: Sections) -> FloatArray:
     return headroom_score(batch.readings["power_w"], batch.readings["power_limit_w"])
 
 
-def _active(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+def _active(batch: NodeBatch, spec: Sections) -> FloatArray:
     idle = memory.is_idle(
-        batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec.memory
+        batch.unaccounted_used_mib, batch.allocated_blocks, batch.whole_taken, spec[memory.SECTION]
     )
-    active = is_active(batch.readings["utilization_pct"], ~idle, spec.power_saving)
+    active = is_active(batch.readings["utilization_pct"], ~idle, spec[SECTION])
     return active.astype(np.float64)
 
 

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from scheduler_extender.policy.base import ArgsModel, Duration, Term, class_weights, clip01
+from scheduler_extender.policy.base import (
+    ArgsModel,
+    Duration,
+    Section,
+    Sections,
+    Term,
+    class_weights,
+    clip01,
+)
 from scheduler_extender.policy.batch import NodeBatch
-
-if TYPE_CHECKING:
-    from scheduler_extender.policy.document import PolicySpec
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -48,6 +52,13 @@ class ThermalArgs(ArgsModel):
         alias="idleTemp",
         description="°C where the headroom score reaches 1: about an idle GPU in a cool room.",
     )
+
+
+SECTION = Section(
+    "thermalThrottling",
+    ThermalArgs,
+    "Hot GPUs take no pods until cooled down; long-hot GPUs shed pods.",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +116,8 @@ def headroom_score(temperature_c: FloatArray, args: ThermalArgs) -> FloatArray:
     return np.where(np.isnan(temperature_c), 0.5, score)
 
 
-def _term(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
-    return headroom_score(batch.readings["temperature_c"], spec.thermal_throttling)
+def _term(batch: NodeBatch, spec: Sections) -> FloatArray:
+    return headroom_score(batch.readings["temperature_c"], spec[SECTION])
 
 
 TERM = Term(

@@ -6,18 +6,13 @@ the thermal filter. Pure; imports only numpy and ``policy.base``/``batch``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from scheduler_extender.policy.base import Term, class_weights
+from scheduler_extender.policy.base import Sections, Term, class_weights
 from scheduler_extender.policy.batch import FloatArray, NodeBatch
 
-if TYPE_CHECKING:
-    from scheduler_extender.policy.document import PolicySpec
 
-
-def _term(batch: NodeBatch, spec: PolicySpec) -> FloatArray:
+def _term(batch: NodeBatch, spec: Sections) -> FloatArray:
     """1 for a GPU at full clocks (or unknown), 0 for one slowed for heat or power."""
     slowed: FloatArray = np.where(batch.readings["slowdown"] > 0, 0.0, 1.0)  # NaN: not slowed
     return slowed

@@ -11,7 +11,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from scheduler_extender.names import RACK_LABEL, RACK_LABEL_FALLBACK
-from scheduler_extender.policy.base import ArgsModel, Term, class_weights
+from scheduler_extender.policy.base import ArgsModel, Section, Term, class_weights
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -36,6 +36,9 @@ class TopologyArgs(ArgsModel):
         le=1,
         description="Part of the topology term given by an RDMA-capable node.",
     )
+
+
+SECTION = Section("topology", TopologyArgs, "Racks and RDMA for pods of one job group.")
 
 
 def score(

@@ -1,10 +1,14 @@
+import ast
+import inspect
+
 import pytest
 
 from scheduler_extender.config import load_policy_text
 from scheduler_extender.domain import QosClass
 from scheduler_extender.errors import PolicyError
-from scheduler_extender.policy.document import DEFAULT_POLICY, parse_policy
-from scheduler_extender.policy.rules import TERMS
+from scheduler_extender.policy import document
+from scheduler_extender.policy.document import DEFAULT_POLICY, SECTIONS, PolicySpec, parse_policy
+from scheduler_extender.policy.rules import TERMS, thermal
 
 SEED_JSON = """{"apiVersion": "kepler.io/v1", "kind": "GPUSchedulingPolicy",
  "metadata": {"name": "edge-gpu-policy"},
@@ -113,3 +117,29 @@ def test_the_policy_is_shown_with_class_names_and_durations():
         "best-effort",
     }
     assert shown["spec"]["staleTelemetry"]["failOpen"]["inference"] is True
+
+
+def test_the_spec_has_one_field_per_registered_section_read_by_its_key():
+    fields = PolicySpec.model_fields
+    assert list(fields) == [s.name for s in SECTIONS] + ["whole_gpu_resources"]
+    for section in SECTIONS:
+        assert fields[section.name].annotation is section.args
+        assert fields[section.name].alias == section.key
+        assert fields[section.name].description == section.help
+    assert DEFAULT_POLICY.spec[thermal.SECTION] is DEFAULT_POLICY.spec.thermal_throttling
+
+
+def test_what_type_checkers_see_of_the_spec_names_every_section_with_its_args():
+    tree = ast.parse(inspect.getsource(document))
+    (stub,) = (
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == "PolicySpec"
+    )
+    seen = {
+        node.target.id: ast.unparse(node.annotation)
+        for node in stub.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    expected = {s.name: s.args.__name__ for s in SECTIONS}
+    assert seen == {**expected, "whole_gpu_resources": "tuple[str, ...]"}
