@@ -17,6 +17,12 @@ MAX_HOLDERS_PER_NODE = 1024
 MAX_BLOCKS_PER_HOLDER = 65_536
 """Memory blocks one pod may hold on one GPU in a report (the device plugin's cap on the device
 IDs of one request)."""
+MIN_BLOCK_MIB = 256
+"""The smallest ``blockMiB``: the device plugin lists one device per block to kubelet in one
+ListAndWatch message, and kubelet takes no gRPC message over 4 MiB; with smaller blocks a node
+of large GPUs lists more devices than fit."""
+MAX_BLOCK_MIB = 1_048_576
+"""The largest ``blockMiB`` (1 TiB, more than any one GPU has; the agent follows no larger)."""
 NAMESPACE_PATTERN = r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$"
 """A Kubernetes namespace: a DNS label (63 characters at most)."""
 POD_NAME_PATTERN = r"^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$"

@@ -12,12 +12,14 @@ import ipaddress
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.errors import RequestError
 from scheduler_extender.k8s.auth import AuthError, Identity
 from scheduler_extender.k8s.translate import per_container
 from scheduler_extender.names import MEM_BLOCK_RESOURCE
+from scheduler_extender.telemetry.answer import AnswerPolicy, Ask, PushAnswer
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 from scheduler_extender.telemetry.store import PutResult, Received
 
@@ -106,23 +108,46 @@ def admit(ctx: AppContext, identity: Identity | None, body: bytes) -> Received |
     return push
 
 
+def _encode(answer: PushAnswer) -> bytes:
+    """The answer's JSON: only the fields it was given (an old agent sees the keys it knows)."""
+    return orjson.dumps(answer.model_dump(mode="json", exclude_none=True, exclude_unset=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _answer_policy(policy: tuple[float, float, bool, float, int]) -> AnswerPolicy:
+    max_temp_c, cool_down_s, saving, threshold_pct, block_mib = policy
+    fields: dict[str, Any] = {
+        "max_temp_c": max_temp_c,
+        "cool_down_s": cool_down_s,
+        "power_saving": saving,
+        "power_saving_threshold_pct": threshold_pct,
+        "memory_block_mib": block_mib,
+    }
+    try:
+        return AnswerPolicy(**fields)
+    except ValidationError:  # a policy value the agent takes no part of: sent, it judges
+        return AnswerPolicy.model_construct(**fields)
+
+
+def _build(**fields: Any) -> PushAnswer:
+    """The answer with these fields, checked as the agent will read it.
+
+    Validating is the fast way to build a model; a value out of the agent's bounds (a lent
+    uuid, a maxTemp under 1 °C) is still sent as it is, for the agent to judge field by field.
+    """
+    try:
+        return PushAnswer(**fields)
+    except ValidationError:
+        return PushAnswer.model_construct(**fields)
+
+
 @functools.lru_cache(maxsize=8)
 def _usual_answer(policy: tuple[float, float, bool, float, int]) -> bytes:
-    return orjson.dumps({"accepted": True, "performance_gpus": [], **_policy_fields(policy)})
-
-
-def _policy_fields(policy: tuple[float, float, bool, float, int]) -> dict[str, Any]:
-    max_temp_c, cool_down_s, saving, threshold_pct, block_mib = policy
-    return {
-        "max_temp_c": max_temp_c,
-        "policy": {
-            "max_temp_c": max_temp_c,
-            "cool_down_s": cool_down_s,
-            "power_saving": saving,
-            "power_saving_threshold_pct": threshold_pct,
-            "memory_block_mib": block_mib,
-        },
-    }
+    said = _answer_policy(policy)
+    # ``max_temp_c`` at the top too: agents from before ``policy`` read only that one.
+    return _encode(
+        _build(accepted=True, performance_gpus=frozenset(), max_temp_c=said.max_temp_c, policy=said)
+    )
 
 
 def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
@@ -149,17 +174,27 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
     lend = ctx.state.lent_blocks(node)
     if result.accepted and not performance and not result.reason and not asks and not lend:
         return 200, _usual_answer(policy)  # the usual answer, kept ready
-    payload: dict[str, Any] = {
-        "accepted": result.accepted,
-        "performance_gpus": performance,
-        **_policy_fields(policy),
-        **asks,
-    }
+    fields: dict[str, Any] = {}
+    for kind, request in asks.items():
+        try:
+            fields[kind] = Ask(**request)
+        except ValidationError as exc:  # the agent would refuse it: it is not sent
+            ctx.warn_once(
+                f"ask:{kind}", f"telemetry: a {kind} request for {node} is not sent: {exc}"
+            )
     if lend:
-        payload["lend_blocks"] = lend
+        fields["lend_blocks"] = lend
     if result.reason:
-        payload["reason"] = result.reason
-    return 200, orjson.dumps(payload)
+        fields["reason"] = result.reason
+    said = _answer_policy(policy)
+    built = _build(
+        accepted=result.accepted,
+        performance_gpus=frozenset(performance),
+        max_temp_c=said.max_temp_c,
+        policy=said,
+        **fields,
+    )
+    return 200, _encode(built)
 
 
 def push(ctx: AppContext, identity: Identity | None, body: bytes) -> tuple[int, bytes]:

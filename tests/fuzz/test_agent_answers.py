@@ -25,14 +25,14 @@ from node_agent.protection.health import HealthArgs
 from node_agent.protection.policy import within_flags
 from node_agent.protection.power import PowerArgs
 from node_agent.telemetry.exporter import AgentMetrics
-from node_agent.uplink.answer import (
+from node_agent.uplink.answer import read_answer
+from node_agent.uplink.pusher import Pusher
+from scheduler_extender.telemetry.answer import (
     MAX_GPU_INDEX,
     MAX_LENT_BLOCKS,
     MAX_TEMP_RANGE_C,
     POLICY_RANGES,
-    read_answer,
 )
-from node_agent.uplink.pusher import Pusher
 
 CASES = int(os.environ.get("EDGEGPU_FUZZ_CASES", "25"))
 FUZZ = settings(

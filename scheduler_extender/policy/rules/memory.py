@@ -1,7 +1,7 @@
 """Memory rule: GPU memory blocks on ONE GPU (per-card best fit), and whole free GPUs.
 
-Pure; imports only numpy, pydantic and ``policy.base``. Its term, memoryFit, depends on the pod:
-``combine`` works it out (best fit here, or the fragmentation rule's score).
+Pure; imports only numpy, pydantic, ``domain`` and ``policy.base``. Its term, memoryFit,
+depends on the pod: ``combine`` works it out (best fit here, or the fragmentation rule's score).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
+from scheduler_extender.domain import MAX_BLOCK_MIB, MIN_BLOCK_MIB
 from scheduler_extender.policy.base import (
     ArgsModel,
     Duration,
@@ -24,14 +25,6 @@ from scheduler_extender.policy.base import (
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-MIN_BLOCK_MIB = 256
-"""The smallest ``blockMiB``: the device plugin lists one device per block to kubelet in one
-ListAndWatch message, and kubelet takes no gRPC message over 4 MiB; with smaller blocks a node
-of large GPUs lists more devices than fit."""
-MAX_BLOCK_MIB = 1_048_576
-"""The largest ``blockMiB`` (1 TiB, more than any one GPU has; the agent follows no larger)."""
 
 
 class IdleReleaseArgs(ArgsModel):
