@@ -48,8 +48,9 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
 
     In the ``best`` mode (``--filter-answer``) only the best node is answered, and the pod's
     GPUs are reserved there; the reasons of the others are given only when no node fits, so
-    that FailedScheduling events and preemption see them. A pod the policy has no preference
-    for (no GPUs, no fragmentation scoring) gets every node, for kube-scheduler to score.
+    that FailedScheduling events and preemption see them. A pod without GPUs gets every node
+    that scores highest (all that fit when fragmentation scoring is off), for kube-scheduler to
+    choose from.
     """
     try:
         args = wire.parse_extender_args(body, "filter")
@@ -61,12 +62,14 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         decision = state.decide(names, demand, args.labels())
         ctx.metrics.count_verdicts("filter", decision.reason, decision.passed)
         passed = decision.passed
-        best = decision.best(ctx.rng) if ctx.settings.filter_answer == "best" else None
-        if best is not None and decision.ranked:
-            _reserve(ctx, demand, names[best], decision.gpus[best])
-            passed = np.zeros(len(names), dtype=np.bool_)
-            passed[best] = True
-            return wire.encode_filter_result(args, passed.tolist())
+        if ctx.settings.filter_answer == "best" and decision.ranked:
+            best = decision.best(ctx.rng, single=demand.wants_gpu)
+            if best.size:
+                if demand.wants_gpu:
+                    _reserve(ctx, demand, names[best[0]], decision.gpus[best[0]])
+                passed = np.zeros(len(names), dtype=np.bool_)
+                passed[best] = True
+                return wire.encode_filter_result(args, passed.tolist())
         failing = np.flatnonzero(~passed)
         codes = decision.reason[failing]
         failed: dict[str, str] = {}

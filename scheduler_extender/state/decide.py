@@ -47,13 +47,23 @@ class Decision:
     """Whether the policy tells the candidates apart: not for a pod without GPUs unless
     fragmentation scoring weighs what it would strand."""
 
-    def best(self, rng: np.random.Generator) -> int | None:
-        """Position of the best passing candidate (a random one of equals); None if none passed."""
-        if not self.passed.any():
-            return None
-        score = np.where(self.passed, self.score, -np.inf)
+    def best(self, rng: np.random.Generator, single: bool) -> npt.NDArray[np.int64]:
+        """Positions of the passing candidates that score highest.
+
+        All of them, or one at random (``single``: a pod whose GPUs are reserved there).
+        Candidates with GPUs to give come first: one that passes only because it has not
+        reported yet has none for bind.
+        """
+        pool = self.passed & (self.gpus[:, 0] >= 0)
+        if not pool.any():
+            pool = self.passed
+        if not pool.any():
+            return np.zeros(0, dtype=np.int64)
+        score = np.where(pool, self.score, -np.inf)
         top = np.flatnonzero(score == score.max())
-        return int(top[0] if top.size == 1 else top[rng.integers(top.size)])
+        if single and top.size > 1:
+            top = top[[int(rng.integers(top.size))]]
+        return top
 
 
 def decide(

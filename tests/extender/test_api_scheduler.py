@@ -144,6 +144,19 @@ async def test_filter_answers_only_the_best_node_and_reserves_the_pods_gpus_ther
         assert binder.calls[-1].node == "cool" and not state.reserved("uid-p")
 
 
+async def test_a_node_that_has_not_reported_is_chosen_only_when_no_reported_node_fits(clock):
+    binder = RecordingBinder()
+    _, client = await make_client(clock, binder)
+    async with client:
+        await push(client, report("real", [gpu(0, memory_total_mib=8192.0)]))  # two blocks
+        for k in range(3):
+            body = args_names(pod(f"p{k}", qos="inference", blocks=1), ["ghost", "real"])
+            # Inference fails open on a node without telemetry, but bind has no GPU to give
+            # there: the node that reported is answered while it has room.
+            expected = ["real"] if k < 2 else ["ghost"]
+            assert (await client.post("/filter", json=body)).json()["NodeNames"] == expected
+
+
 async def test_with_every_fitting_node_answered_prioritize_reserves_the_best_scored(clock):
     import httpx
 
@@ -362,19 +375,21 @@ async def test_cpu_only_pods_score_by_the_gpus_they_would_strand_and_bind_withou
         await push(client, report("roomy", big), report("tight", big), report("cpu-node", []))
         state.set_host_allocatable("roomy", 64_000.0, 262_144.0)
         state.set_host_allocatable("tight", 16_000.0, 262_144.0)
-        # GPU pods asking 4 cores and 16 GiB per GPU teach the demand per GPU.
+        # GPU pods asking 4 cores and 16 GiB per GPU teach the demand per GPU (filtered where
+        # they fit nowhere, so that no GPU is reserved for them).
         for i in range(3):
             gpu_pod = pod(f"g{i}", blocks=1, requests={"cpu": "4", "memory": "16Gi"})
-            await client.post("/filter", json=args_names(gpu_pod, ["roomy", "tight"]))
+            await client.post("/filter", json=args_names(gpu_pod, ["cpu-node"]))
         cpu_pod = pod("c", blocks=None, requests={"cpu": "12", "memory": "8Gi"})
         names = ["roomy", "tight", "cpu-node"]
         answer = (await client.post("/filter", json=args_names(cpu_pod, names))).json()
-        (chosen,) = answer["NodeNames"]
         resp = await client.post("/prioritize", json=args_names(cpu_pod, names))
         scores = {h["Host"]: h["Score"] for h in resp.json()}
         # 12 cores on "tight" would leave 4 for its 4 idle GPUs: it strands GPUs there.
         assert scores["tight"] < scores["roomy"] and scores["tight"] < scores["cpu-node"]
-        assert scores[chosen] == max(scores.values())
+        # Every node that scores highest, for kube-scheduler to choose from (nothing to reserve).
+        assert answer["NodeNames"] and "tight" not in answer["NodeNames"]
+        assert all(scores[n] == max(scores.values()) for n in answer["NodeNames"])
         bind = {"PodName": "c", "PodNamespace": "default", "PodUID": "uid-c", "Node": "roomy"}
         assert (await client.post("/bind", json=bind)).json() == {"Error": ""}
         assert binder.calls[-1].gpu_indices == ()  # bound, with no GPU annotation to write
