@@ -117,8 +117,9 @@ class Breaker:
             return False
         now = self.act.clock.wall()
         start = max(self.since, now - args.breaker_window_s)
-        # A node deleted since counts no more than one the watch shows without history.
-        self._recent = {n: t for n, t in self._recent.items() if t >= start and n in nodes}
+        # A node cordoned here counts for the window even once deleted: nodes replaced by an
+        # autoscaler must not free room for the next wave of cordons.
+        self._recent = {n: t for n, t in self._recent.items() if t >= start}
         seen = cordoned_within(nodes, self.since, now, args.breaker_window_s) | set(self._recent)
         allowed = args.breaker_allows(gpu_nodes)
         if len(seen | {node}) <= allowed:
