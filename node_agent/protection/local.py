@@ -2,8 +2,9 @@
 
 It needs nothing from the cloud, so it keeps working with the link down; an extender's policy
 may make it stricter than the agent's flags, never looser (``within_flags``). A setter that is
-not supported or not permitted is not tried again. Imports the backend protocol, ``model``,
-the pure ``health``, ``power`` and ``policy``, and the exporter's metrics.
+not supported or not permitted is not tried again; the planner's state advances only where its
+changes took effect, so a change that failed is planned again next round. Imports the backend
+protocol, ``model``, the pure ``health``, ``power`` and ``policy``, and the exporter's metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field, replace
 
 from node_agent.backends.base import GpuBackend
 from node_agent.errors import NotSupported, PermissionDenied
-from node_agent.model import ActionResult, Capabilities, GpuHealth, PowerAction, Snapshot
+from node_agent.model import (
+    ActionResult,
+    Capabilities,
+    GpuHealth,
+    PowerAction,
+    PowerLimits,
+    Snapshot,
+)
 from node_agent.protection import health, power
 from node_agent.protection.policy import within_flags
 from node_agent.telemetry.exporter import AgentMetrics
@@ -78,31 +86,60 @@ class LocalProtection:
             healths[reading.index] = health.assess(
                 reading, snap.checks, mem.last_fatal_xid, now, self.health_args
             )
-            caps = self._caps(reading.index, mem)
-            try:
-                limits = self.backend.power_limits(reading.index) if caps.power_limit else None
-            except Exception:
-                limits = None
-            mem.power, actions = power.plan(
-                mem.power, reading, limits, caps, reading.index in self.boost, now, self.power_args
+            caps, limits = self._caps_and_limits(reading.index, mem)
+            state, actions = power.plan_thermal(
+                mem.power, reading, limits, caps, now, self.power_args
             )
-            for action in actions:
-                result = self._apply(action, mem)
-                results.append(result)
-                self.metrics.power_actions.labels(
-                    str(action.index), action.kind, action.reason, result.outcome
-                ).inc()
-                log.info(
-                    "gpu %d: %s (%s)%s%s → %s %s",
-                    action.index,
-                    action.kind,
-                    action.reason,
-                    f" {action.watts} W" if action.watts is not None else "",
-                    f" {action.clock_mhz} MHz" if action.clock_mhz is not None else "",
-                    result.outcome,
-                    result.detail,
-                )
+            if self._apply_all(actions, mem, results):
+                mem.power = state
+            else:  # kept as it was, planned again next round; what failed may be disabled now
+                caps, limits = self._caps_and_limits(reading.index, mem)
+            boost = reading.index in self.boost
+            state, actions = power.plan_saving(
+                mem.power, reading, boost=boost, limits=limits, caps=caps, now=now,
+                args=self.power_args,
+            )  # fmt: skip
+            if self._apply_all(actions, mem, results):
+                mem.power = state
         return healths, results
+
+    def _caps_and_limits(
+        self, index: int, mem: _GpuMemory
+    ) -> tuple[Capabilities, PowerLimits | None]:
+        caps = self._caps(index, mem)
+        try:
+            limits = self.backend.power_limits(index) if caps.power_limit else None
+        except Exception:
+            limits = None
+        return caps, limits
+
+    def _apply_all(
+        self, actions: list[PowerAction], mem: _GpuMemory, results: list[ActionResult]
+    ) -> bool:
+        """Apply a part of the plan; whether all of it took effect (or was planned dry).
+
+        The planner's state for that part advances only then: a change that failed, was not
+        supported or not permitted leaves it as it was, so it is planned again next round.
+        """
+        taken = True
+        for action in actions:
+            result = self._apply(action, mem)
+            results.append(result)
+            taken = taken and result.outcome in ("applied", "dry-run")
+            self.metrics.power_actions.labels(
+                str(action.index), action.kind, action.reason, result.outcome
+            ).inc()
+            log.info(
+                "gpu %d: %s (%s)%s%s → %s %s",
+                action.index,
+                action.kind,
+                action.reason,
+                f" {action.watts} W" if action.watts is not None else "",
+                f" {action.clock_mhz} MHz" if action.clock_mhz is not None else "",
+                result.outcome,
+                result.detail,
+            )
+        return taken
 
     def last_xids(self) -> dict[int, int | None]:
         """By GPU index: the last XID seen (fatal or not), as reported."""

@@ -3,8 +3,11 @@
 Thermal protection: at or above maxTemp the power limit goes down one step per settle; once it
 is at the floor (or cannot be set) and the GPU is still hot, the clocks are locked low too.
 Below maxTemp by the release margin the same steps are undone one per settle, clocks first; in
-between the cap holds, for the cool-down at most. It needs nothing from the cloud, so it keeps
-working with the link down (KubeEdge edge autonomy).
+between the cap holds for the cool-down, and each step given back starts the hold again. A step
+given back that heats the GPU to maxTemp again is taken back, and nothing more is given back
+before a whole cool-down under the margin. An unknown temperature (none, NaN, infinite) holds
+whatever is in force, and so do limits that cannot be read this round. It needs nothing from the
+cloud, so it keeps working with the link down (KubeEdge edge autonomy).
 Power saving: a GPU below the utilisation threshold for a whole window gets its clocks locked
 low (or, without clock control, a lower power limit); load, or a high-QoS pod signalled by the
 extender, restores it. Imports only ``model``.
@@ -13,6 +16,7 @@ extender, restores it. Imports only ``model``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,9 +29,10 @@ class PowerArgs:
 
     max_temp_c: float = 85.0
     cool_down_s: float = 300.0
-    """The longest a cap holds once the GPU is under maxTemp but within the release margin:
-    then it is given back step by step as if the GPU were cool (a higher step that heats the
-    GPU to maxTemp again is taken back)."""
+    """How long a cap holds once the GPU is under maxTemp but within the release margin: then
+    one step is given back and the hold starts again. After a step given back heated the GPU to
+    maxTemp again (it is taken back), the GPU must read under the margin this long before the
+    next step."""
     release_margin_c: float = 5.0
     """Hysteresis: power is given back while the GPU reads this far under maxTemp, so a GPU
     held just under it by its cap keeps the cap."""
@@ -52,6 +57,14 @@ class GpuPowerState:
     """Clocks locked low because the power limit alone could not cool the GPU."""
     last_step_at: float | None = None
     below_since: float | None = None
+    """Under maxTemp since, or since the last step given back (the hold restarts with each)."""
+    cool_since: float | None = None
+    """Under maxTemp by the release margin since (continuously)."""
+    gave_back_at: float | None = None
+    """When the last step was given back; cleared by the next reading at maxTemp."""
+    backoff: bool = False
+    """A step given back heated the GPU to maxTemp: nothing more is given back before a whole
+    cool-down under the release margin."""
     low_since: float | None = None
     saving: Literal["clocks", "power"] | None = None
 
@@ -63,7 +76,7 @@ def _saving_limit(limits: PowerLimits, args: PowerArgs) -> float:
     return max(limits.min_w, round(limits.default_w * args.saving_power_fraction, 1))
 
 
-def _thermal(
+def plan_thermal(
     state: GpuPowerState,
     reading: GpuReading,
     limits: PowerLimits | None,
@@ -71,28 +84,51 @@ def _thermal(
     now: float,
     args: PowerArgs,
 ) -> tuple[GpuPowerState, list[PowerAction]]:
+    """The thermal rule's next state and changes for one GPU (``plan``'s first part)."""
     temp = reading.temperature_c
-    if temp is None:
-        return state, []
+    if reading.lost or temp is None or not math.isfinite(temp):
+        return state, []  # unknown (NaN and ±inf too): hold whatever is in force
     if temp >= args.max_temp_c:
-        state = dataclasses.replace(state, below_since=None)
+        gave_back = state.gave_back_at is not None and now - state.gave_back_at < max(
+            args.cool_down_s, args.settle_s
+        )
+        state = dataclasses.replace(
+            state,
+            below_since=None,
+            cool_since=None,
+            gave_back_at=None,
+            backoff=state.backoff or gave_back,  # that step heated it: back off
+        )
         if state.last_step_at is not None and now - state.last_step_at < args.settle_s:
             return state, []  # let the last step take effect first
         state, actions = _step_down(state, reading, limits, caps, args)
         return dataclasses.replace(
             state, last_step_at=now if actions else state.last_step_at
         ), actions
-    if state.thermal_cap_w is None and not state.thermal_clocks:
-        return dataclasses.replace(state, below_since=None), []
-    below_since = state.below_since if state.below_since is not None else now
-    state = dataclasses.replace(state, below_since=below_since)
     cool = temp < args.max_temp_c - args.release_margin_c
-    if not cool and now - below_since < args.cool_down_s:
+    cool_since = (state.cool_since if state.cool_since is not None else now) if cool else None
+    if state.thermal_cap_w is None and not state.thermal_clocks:
+        return dataclasses.replace(state, below_since=None, cool_since=None, backoff=False), []
+    below_since = state.below_since if state.below_since is not None else now
+    state = dataclasses.replace(state, below_since=below_since, cool_since=cool_since)
+    if state.backoff:
+        if cool_since is None or now - cool_since < args.cool_down_s:
+            return state, []  # a step given back heated it to maxTemp: a full cool-down first
+    elif not cool and now - below_since < args.cool_down_s:
         return state, []  # within the margin: hold the cap
     if state.last_step_at is not None and now - state.last_step_at < args.settle_s:
         return state, []
-    state, actions = _step_up(state, reading.index, limits, caps, args)
-    return dataclasses.replace(state, last_step_at=now), actions
+    stepped, actions = _step_up(state, reading.index, limits, caps, args)
+    if stepped is state:
+        return state, []  # nothing could be given back this round: hold
+    # the hold starts again: within the margin the next step waits a whole cool-down
+    return dataclasses.replace(
+        stepped,
+        last_step_at=now,
+        gave_back_at=now,
+        below_since=now if stepped.below_since is not None else None,
+        backoff=False,
+    ), actions
 
 
 def _step_down(
@@ -144,6 +180,8 @@ def _step_up(
     cap = state.thermal_cap_w
     if cap is None:
         return state, []
+    if limits is None and caps.power_limit:
+        return state, []  # the limits could not be read this round: hold, try next round
     if limits is not None:
         target = _saving_limit(limits, args) if state.saving == "power" else limits.default_w
         raised = round(cap + limits.default_w * args.thermal_step_fraction, 1)
@@ -154,7 +192,7 @@ def _step_up(
     if limits is not None and state.saving == "power":
         watts = _saving_limit(limits, args)
         return done, [PowerAction(index, "set_power_limit", "power-saving", watts=watts)]
-    if limits is None and not caps.power_limit:
+    if limits is None:
         return done, []  # the limit can no longer be set: nothing to give back through
     return done, [PowerAction(index, "reset_power_limit", "thermal-restore")]
 
@@ -168,12 +206,34 @@ def plan(
     now: float,
     args: PowerArgs,
 ) -> tuple[GpuPowerState, list[PowerAction]]:
-    """The next state and the changes to make for one GPU. ``boost``: a high-QoS pod is here."""
+    """The next state and the changes to make for one GPU. ``boost``: a high-QoS pod is here.
+
+    The thermal rule (``plan_thermal``), then power saving (``plan_saving``) on its state: one
+    that applies the changes and keeps each part's state only where its changes took effect
+    calls the two in turn.
+    """
+    state, actions = plan_thermal(state, reading, limits, caps, now, args)
+    state, saving = plan_saving(
+        state, reading, boost=boost, limits=limits, caps=caps, now=now, args=args
+    )
+    return state, actions + saving
+
+
+def plan_saving(
+    state: GpuPowerState,
+    reading: GpuReading,
+    *,
+    boost: bool,
+    limits: PowerLimits | None,
+    caps: Capabilities,
+    now: float,
+    args: PowerArgs,
+) -> tuple[GpuPowerState, list[PowerAction]]:
+    """Power saving's next state and changes for one GPU (``plan``'s second part)."""
     if reading.lost:
         return state, []
     i = reading.index
-    state, actions = _thermal(state, reading, limits, caps, now, args)
-
+    actions: list[PowerAction] = []
     util = reading.utilization_pct
     if not args.saving_enabled:
         if state.saving is not None:

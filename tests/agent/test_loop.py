@@ -147,7 +147,7 @@ def dev_tree(tmp_path, gpus):
     return tmp_path
 
 
-async def test_no_permission_is_reported_once_and_not_retried(tmp_path):
+async def test_each_setter_without_permission_is_reported_once_and_not_retried(tmp_path):
     clock = Clock()
     fake = FakePynvml([FakeGpu(util_pct=1)])
     fake.setters_denied = True
@@ -156,9 +156,12 @@ async def test_no_permission_is_reported_once_and_not_retried(tmp_path):
     outcomes = []
     for _ in range(5):
         clock.t += 1.0
-        outcomes += [a.outcome for a in (await agent.round()).actions]
-    assert outcomes == ["no-permission"]
-    assert len(fake.calls) == 1
+        outcomes += [(a.action.kind, a.outcome) for a in (await agent.round()).actions]
+    # power saving falls back to the power limit where the clocks may not be locked
+    assert outcomes == [("lock_clocks", "no-permission"), ("set_power_limit", "no-permission")]
+    assert [fn for fn, _ in fake.calls] == [
+        "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceSetPowerManagementLimit",
+    ]  # fmt: skip
 
 
 async def test_a_lost_gpu_and_a_broken_reading_do_not_stop_the_loop(tmp_path):

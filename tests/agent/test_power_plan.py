@@ -1,3 +1,6 @@
+import math
+
+import pytest
 from hypothesis import given, strategies as st
 
 from node_agent.model import Capabilities, GpuReading, PowerAction, PowerLimits
@@ -171,7 +174,8 @@ def test_a_gpu_saving_power_by_its_limit_is_given_back_the_saving_limit_not_the_
 
 
 @given(
-    temps=st.lists(st.one_of(st.none(), st.floats(-40.0, 150.0)), max_size=60),
+    temps=st.lists(st.one_of(st.none(), st.floats(-40.0, 150.0), st.sampled_from([math.nan, math.inf])),
+                   max_size=60),
     gaps=st.lists(st.floats(0.0, 400.0), min_size=60, max_size=60),
     utils=st.lists(st.floats(0.0, 100.0), min_size=60, max_size=60),
     caps=st.sampled_from([ALL, Capabilities(power_limit=True), Capabilities(locked_clocks=True),
@@ -199,3 +203,79 @@ def test_a_cool_gpu_gets_every_thermal_step_back_however_deep_it_was_capped():
     hot, _ = walk([99.0] * 10)
     state, _ = walk([50.0] * 10, hot, start=300.0)
     assert state.thermal_cap_w is None and not state.thermal_clocks
+
+
+@pytest.mark.parametrize("unknown", [math.nan, math.inf, -math.inf, None])
+def test_a_nan_or_infinite_temperature_holds_the_cap_like_an_unknown_one(unknown):
+    capped, _ = walk([90.0, 90.0])
+    held, actions = walk([unknown] * 20, capped, start=60.0)  # ten minutes of unknown
+    assert actions == [] and held == capped
+    state, actions = walk([unknown] * 3)
+    assert actions == [] and state == IDLE
+
+
+def test_within_the_margin_each_step_given_back_starts_the_hold_again():
+    state, _ = walk([90.0] * 3)
+    assert state.thermal_cap_w == 70.0
+    given = []
+    for k in range(30):  # 90 s … 960 s, all within the margin
+        now = 90.0 + 30.0 * k
+        state, actions = plan(state, r(temp=82.0), LIMITS, ALL, False, now, ARGS)
+        given += [(now, a.watts) for a in actions]
+    assert given == [(390.0, 80.0), (690.0, 90.0)]  # a whole cool-down apart, not a settle
+
+
+def test_a_step_given_back_that_heats_the_gpu_to_max_temp_waits_for_a_full_cool_down():
+    capped, _ = walk([90.0, 90.0])
+    state, actions = walk([79.0, 86.0], capped, start=60.0)
+    assert steps(actions) == [
+        ("set_power_limit", "thermal-restore", 90.0),
+        ("set_power_limit", "thermal", 80.0),
+    ]
+    held, actions = walk([83.0] * 40, state, start=120.0)  # 20 minutes within the margin
+    assert actions == [] and held.thermal_cap_w == 80.0
+    cooled, actions = walk([79.0] * 10, held, start=1320.0)  # 1320 s … 1590 s under the margin
+    assert actions == [] and cooled.thermal_cap_w == 80.0
+    _, actions = walk([79.0], cooled, start=1620.0)  # 300 s under the margin
+    assert steps(actions) == [("set_power_limit", "thermal-restore", 90.0)]
+
+
+def test_a_gpu_that_heats_with_each_step_given_back_reaches_max_temp_again_at_most_once():
+    """A GPU that settles at 40 °C + 0.5 °C/W of its limit, a third of the way per 30 s: it
+    sits within the margin at 80 W and reaches maxTemp at 90 W."""
+    state, temp, cap, again = IDLE, 90.0, 100.0, 0
+    for k in range(240):  # two hours
+        hot = temp >= ARGS.max_temp_c
+        state, actions = plan(state, r(temp=temp, limit=cap), LIMITS, ALL, False, 30.0 * k, ARGS)
+        for a in actions:
+            cap = a.watts if a.kind == "set_power_limit" and a.watts else cap
+            cap = 100.0 if a.kind == "reset_power_limit" else cap
+        temp += (40.0 + 0.5 * cap - temp) / 3.0
+        again += not hot and temp >= ARGS.max_temp_c
+    assert again <= 1 and state.thermal_cap_w == 80.0
+
+
+def test_limits_unreadable_for_a_round_hold_the_cap_instead_of_resetting_it():
+    capped, _ = walk([90.0, 90.0])
+    held, actions = plan(capped, r(temp=70.0, limit=80.0), None, ALL, False, 60.0, ARGS)
+    assert actions == [] and held.thermal_cap_w == 80.0
+    _, actions = plan(held, r(temp=70.0, limit=80.0), LIMITS, ALL, False, 65.0, ARGS)
+    assert steps(actions) == [("set_power_limit", "thermal-restore", 90.0)]
+
+
+def test_locked_clocks_are_given_back_even_when_the_limits_cannot_be_read():
+    hot, _ = walk([95.0] * 6)
+    assert hot.thermal_clocks
+    state, actions = plan(hot, r(temp=70.0, limit=60.0), None, ALL, False, 180.0, ARGS)
+    assert steps(actions) == [("reset_clocks", "thermal-restore", None)]
+    assert not state.thermal_clocks and state.thermal_cap_w == 60.0
+
+
+def test_a_limit_found_below_the_default_after_a_restart_is_left_until_the_next_hot_reading():
+    state, actions = IDLE, []
+    for k in range(20):  # ten minutes cool, at a limit some earlier run (or an operator) set
+        state, more = plan(state, r(temp=60.0, limit=70.0), LIMITS, ALL, False, 30.0 * k, ARGS)
+        actions += more
+    assert actions == [] and state.thermal_cap_w is None
+    _, actions = plan(state, r(temp=90.0, limit=70.0), LIMITS, ALL, False, 600.0, ARGS)
+    assert steps(actions) == [("set_power_limit", "thermal", 60.0)]
