@@ -112,9 +112,9 @@ class AgentSettings(BaseSettings):
     cool_down_s: float = Field(
         300.0,
         ge=0,
-        description="A thermal cap is given back step by step once the GPU reads 5 °C under "
-        "maxTemp, or after this long under maxTemp at all (the extender's policy may lengthen "
-        "it, not shorten it).",
+        description="How long a GPU must stay under maxTemp before a thermal step is given "
+        "back while it reads within 5 °C of maxTemp, and after a step given back brought it to "
+        "maxTemp again (the extender's policy may lengthen it, not shorten it).",
     )
     power_saving: bool = Field(
         True,
