@@ -10,11 +10,12 @@ policy (choosing by the full-precision score) runs on the same subset and order 
 ``benchmarks/results/openb-e2e.json``.
 
 Profiles: ``shipped`` (manifests/scheduler/kube-scheduler-config.yaml as it is: every pod of
-the profile reaches the extender, every feasible node is sent, filter answers the best one) and
-``gpupods`` (the same with ``managedResources`` naming the GPU resources: pods without GPUs never
-reach the extender and kube-scheduler places them itself). The extender breaks ties between
-equally good nodes with the seed's random choices; the harness picks by the same full-precision
-score.
+the profile reaches the extender with kube-scheduler's default share of feasible nodes, and
+filter answers the best one), ``gpupods`` (the same with ``managedResources`` naming the GPU
+resources: pods without GPUs never reach the extender and kube-scheduler places them itself)
+and ``every-node`` (every feasible node sent: ``percentageOfNodesToScore: 100``). The extender
+breaks ties between equally good nodes with the seed's random choices; the harness picks by
+the same full-precision score.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def pod_object(pods: trace.Pods, j: int, name: str) -> dict[str, Any]:
             "metadata": {"name": name, "annotations": {"edgegpu.io/qos": qos}}, "spec": spec}  # fmt: skip
 
 
-PROFILES = ("shipped", "gpupods")
+PROFILES = ("shipped", "gpupods", "every-node")
 
 
 def scheduler_config(doc: dict[str, Any], profile: str) -> dict[str, Any]:
@@ -151,6 +152,8 @@ def scheduler_config(doc: dict[str, Any], profile: str) -> dict[str, Any]:
                 {"name": name, "ignoredByScheduler": False}
                 for name in (MEM_BLOCK_RESOURCE, "nvidia.com/gpu")
             ]
+    elif profile == "every-node":
+        doc["percentageOfNodesToScore"] = 100
     elif profile != "shipped":
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
     return doc
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", default="default", choices=trace.TRACES)
     p.add_argument("--nodes", type=int, default=300, help="nodes drawn from the trace's cluster")
     p.add_argument("--seeds", default="42,43", help="seeds, comma-separated")
-    p.add_argument("--profiles", default="shipped", help="shipped and/or gpupods")
+    p.add_argument("--profiles", default="shipped", help="shipped, gpupods and/or every-node")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "openb-e2e.json")
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) >= 2:
