@@ -155,6 +155,6 @@ def test_xid_79_under_a_deployment_recovers_on_healthy_nodes_and_the_node_comes_
     assert not [
         t for t in node["spec"].get("taints") or [] if t["key"] == "edgegpu.io/gpu-unhealthy"
     ]
-    # The targets, from the fault report: cordon ≤ 10 s, evicted ≤ 30 s, replaced ≤ 60 s.
+    # The targets, from the fault report: cordon ≤ 10 s, evicted ≤ 30 s, replaced ≤ 60 s.
     assert marks["b"] - marks["a"] <= 10.0, json.dumps(marks)
     assert marks["c"] - marks["a"] <= 30.0 and marks["d"] - marks["a"] <= 60.0, json.dumps(marks)
