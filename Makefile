@@ -76,14 +76,14 @@ bench-e2e: $(STAMP) ## the real kube-scheduler with and without the extender, 1k
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	$(PY) -m benchmarks.e2e $(BENCH_ARGS)
 
-bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the replay harness (benchmarks/results/openb-e2e.json, ~5 min)
+bench-openb-e2e: $(STAMP) ## OpenB slices through the real kube-scheduler vs the replay harness (benchmarks/results/openb-e2e.json, ~10 min)
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	$(PY) -m benchmarks.openb_e2e --profiles shipped,gpupods $(BENCH_ARGS)
 
 bench-sharing: $(STAMP) ## tasks per GPU and GPU memory utilisation: whole GPUs, memory blocks, blocks with idle ones lent (benchmarks/results/sharing.json, seconds)
 	$(PY) -m benchmarks.sharing $(BENCH_ARGS)
 
-bench-outcomes: $(BENCH_STAMP) ## heat, throttling, energy, outages and sharing: five arms in one time-stepped fleet (benchmarks/results/outcomes.json and .png, ~6 min)
+bench-outcomes: $(BENCH_STAMP) ## heat, throttling, energy, outages and sharing: five arms in one time-stepped fleet (benchmarks/results/outcomes.json and .png, ~3 min)
 	$(PY) -m benchmarks.outcomes $(BENCH_ARGS)
 
 bench-quick: $(BENCH_STAMP) ## latency/ingest/memory benchmarks at 1k and 5k nodes (< 5 min)
