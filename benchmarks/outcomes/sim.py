@@ -264,8 +264,13 @@ async def run(
             tally.energy_j += float(power.sum()) * STEP_S
             tally.gpu_util.append(float(np.mean(np.minimum(1.0, demand / clock))))
             tally.mem_util.append(float(mem.sum() / g.mem_mib.sum()))
-            allocated = sum(pods.gpu_milli[r.task.pod] * len(r.slots) for r in running.values())
-            usable = MILLI * (g.size - int(np.isfinite(down_until).sum()))
+            down = np.isfinite(down_until)
+            # A task still on a GPU that went down holds nothing usable: count it out too.
+            allocated = sum(
+                pods.gpu_milli[r.task.pod] * sum(not down[i] for i in _gpus(g, r))
+                for r in running.values()
+            )
+            usable = MILLI * (g.size - int(down.sum()))
             tally.unallocated.append(100.0 * (1 - allocated / usable))
             tally.waiting.append(sum(w.ready_s <= t for w in queue))
             if int(t) % 60 == 0:

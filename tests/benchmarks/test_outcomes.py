@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,6 +55,29 @@ async def test_the_fault_loop_evicts_the_pod_on_an_xid_gpu_within_a_minute() -> 
     assert 0 < delay < 60
 
 
+@pytest.fixture
+def small_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A small cluster and pod list in the OpenB files' format (the real trace is not in the
+    repository): T4, V100 and P100 nodes; shared, whole-GPU and CPU-only pods of a few minutes each."""
+    rng = random.Random(0)
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model"]
+    for i, model in enumerate(["T4", "V100M16", "P100"] * 4):
+        nodes.append(f"node-{i:02d},64000,262144,{2 if model == 'P100' else 4},{model}")
+    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+            "creation_time,deletion_time,scheduled_time"]  # fmt: skip
+    for i in range(120):
+        num, milli = rng.choice([(1, 250), (1, 500), (1, 1000), (2, 1000), (0, 0)])
+        start = rng.randrange(0, 86_400)
+        end = start + rng.randrange(60, 900)
+        qos = rng.choice(["LS", "BE", "Burstable"])
+        pods.append(f"pod-{i:03d},4000,8192,{num},{milli},,{qos},Running,{start},{end},{start}")
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text("\n".join(nodes) + "\n")
+    (tmp_path / "openb_pod_list_default.csv").write_text("\n".join(pods) + "\n")
+    monkeypatch.setenv("OPENB_DATA", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.usefixtures("small_trace")
 async def test_every_arm_runs_the_same_small_fleet_and_finishes_tasks() -> None:
     # Quiet for this case only: a level left behind would hide later cases' log lines.
     quiet = logging.getLogger("scheduler_extender")
