@@ -42,10 +42,11 @@ HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 LOOKUP_TIMEOUT_S = 2.0
 """How long admission may wait for the extender's assignments (then: no GPU to steer to, and
 ``Allocate`` fails)."""
-SETTLE_S = 2.0
+SETTLE_S = 10.0
 """How long ``Allocate`` asks again for a pod no extender lists yet: a replica that did not bind
 it learns of it from its watch, and a pod given its node by hand (no bind) is known to the
-extenders only once their watch has seen it."""
+extenders only once their watch has seen it, which on a busy control plane (or just after a
+replica restarted) can take seconds. Only such a pod waits this long."""
 CLAIM_TTL_S = 600.0
 """A pod matched to an allocation is not matched again for this long (kubelet admits a pod
 once; a pod whose allocation failed is failed, and its owner makes a new one)."""
