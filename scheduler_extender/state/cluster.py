@@ -443,7 +443,7 @@ class ClusterState:
             col = self.table.column
             racks = self.override_racks(col("rack")[rows], col("rdma")[rows], labels)
         ctx = self.context(demand)
-        return decide(self.table, self.verdicts, rows, demand, self.policy, self.mix, ctx, racks)
+        return decide(self.table, self.verdicts, rows, demand, self.policy, ctx, racks)
 
     def evaluate(
         self,

@@ -8,7 +8,6 @@ mode: the highest full-precision score, ties broken at random as kube-scheduler 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,11 +23,8 @@ from scheduler_extender.policy.combine import (
     topology_term,
 )
 from scheduler_extender.policy.document import Policy
-from scheduler_extender.policy.rules.fragmentation import DemandMix
 from scheduler_extender.state.table import NodeTable
 from scheduler_extender.state.verdicts import VerdictCache
-
-RackOverride = Sequence[Mapping[str, str] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +68,15 @@ def decide(
     rows: npt.NDArray[np.int64],
     demand: PodDemand,
     policy: Policy,
-    mix: DemandMix,
     ctx: Context,
     racks: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None,
 ) -> Decision:
-    """The verdicts of ``rows`` for ``demand``; ``racks``: (rack, rdma) overriding the table's."""
+    """The verdicts of ``rows`` for ``demand`` at ``ctx`` (its time and shape mix).
+
+    ``racks``: (rack, rdma) overriding the table's.
+    """
     n = rows.shape[0]
-    now = ctx.now
+    now, mix = ctx.now, ctx.mix
     if not demand.wants_gpu:
         passed = np.ones(n, dtype=np.bool_)
         ranked = policy.spec.fragmentation.enabled and not mix.empty
