@@ -23,17 +23,20 @@ def app(clock: FakeClock) -> FastAPI:
     return create_app(clock=clock)
 
 
+def loopback_client(app: FastAPI) -> httpx.AsyncClient:
+    """An HTTP client on the ASGI app, seen from loopback."""
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+    return httpx.AsyncClient(transport=transport, base_url="http://extender")
+
+
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
+    async with loopback_client(app) as c:
         yield c
 
 
 @pytest.fixture
 async def all_client(clock: FakeClock) -> AsyncIterator[httpx.AsyncClient]:
     """An extender whose filter answers every node that fits (``--filter-answer all``)."""
-    app = create_app(ExtenderSettings(filter_answer="all"), clock=clock)
-    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://extender") as c:
+    async with loopback_client(create_app(ExtenderSettings(filter_answer="all"), clock=clock)) as c:
         yield c

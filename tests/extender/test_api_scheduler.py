@@ -158,13 +158,10 @@ async def test_a_node_that_has_not_reported_is_chosen_only_when_no_reported_node
 
 
 async def test_with_every_fitting_node_answered_prioritize_reserves_the_best_scored(clock):
-    import httpx
-
     settings = ExtenderSettings(filter_answer="all")
-    app = create_app(settings, clock=clock, binder=RecordingBinder())
+    app, client = await make_client(clock, RecordingBinder(), settings)
     state = app.state.ctx.state
-    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
-    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+    async with client:
         await push(client, report("warm", [gpu(0, temperature_c=80.0)]), report("cool"))
         body = args_names(pod("p", qos="training"), ["warm", "cool"])
         assert (await client.post("/filter", json=body)).json()["NodeNames"] == ["warm", "cool"]
@@ -175,14 +172,11 @@ async def test_with_every_fitting_node_answered_prioritize_reserves_the_best_sco
 
 
 async def test_equally_good_nodes_are_chosen_at_random_and_a_seed_repeats_the_choices(clock):
-    import httpx
-
     names = [f"twin-{i}" for i in range(8)]
     runs = []
     for seed in (7, 7, 8):
-        app = create_app(ExtenderSettings(tie_seed=seed), clock=clock)
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
-        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        _, client = await make_client(clock, None, ExtenderSettings(tie_seed=seed))
+        async with client:
             await push(client, *(report(n) for n in names))
             chosen = []
             for k in range(12):
@@ -235,10 +229,10 @@ class RecordingBinder:
             raise BindError("the API server said no")
 
 
-async def make_client(clock, binder):
+async def make_client(clock, binder, settings=None):
     import httpx
 
-    app = create_app(clock=clock, binder=binder)
+    app = create_app(settings, clock=clock, binder=binder)
     return app, httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 1)), base_url="http://x"
     )
