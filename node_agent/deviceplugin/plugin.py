@@ -3,13 +3,14 @@
 kubelet sees one device per memory block per GPU, named ``<GPU uuid>::<k>``, so it counts the
 blocks per node and admits a pod only where they are free. The extender chose one GPU for each
 pod at bind; ``GetPreferredAllocation`` steers kubelet to blocks of that GPU (the pending pod on
-this node asking that many blocks, the oldest assigned first, as the extender's
-``/v1/nodes/{node}/assignments`` lists them), and ``Allocate`` gives the container the GPU its
-blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an AMD or Intel GPU's device nodes) and the
-memory budget, only where that GPU is the one chosen at bind: otherwise, or when the choice is
-not known, it fails and says why. The first ``ListAndWatch`` answer waits for the agent's first
-sample. A GPU the agent finds unhealthy has its blocks marked Unhealthy in ``ListAndWatch`` and
-Healthy again when it recovers, with no restart. Its server is ``server.DevicePluginServer``.
+this node asking that many blocks, as the extender's ``/v1/nodes/{node}/assignments`` lists
+them: the one kubelet's PodResources lists as being admitted, else the oldest assigned), and
+``Allocate`` gives the container the GPU its blocks are on (``NVIDIA_VISIBLE_DEVICES``, or an
+AMD or Intel GPU's device nodes) and the memory budget, only where that GPU is the one chosen at
+bind: otherwise, or when the choice is not known, it fails and says why. The first
+``ListAndWatch`` answer waits for the agent's first sample. A GPU the agent finds unhealthy has
+its blocks marked Unhealthy in ``ListAndWatch`` and Healthy again when it recovers, with no
+restart. Its server is ``server.DevicePluginServer``.
 """
 
 from __future__ import annotations
@@ -320,11 +321,12 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     def _claim(
         self, assigned: list[Assigned], size: int, held: dict[str, int]
     ) -> tuple[Assigned, int] | None:
-        """The oldest pending pod with a container asking ``size`` blocks, and that container.
+        """The pending pod with a container asking ``size`` blocks, and that container.
 
-        Each container is matched once (kubelet allocates per container, in order): not the
-        ones matched here lately, nor the first ``held[pod]`` block containers of a pod, which
-        kubelet says hold blocks already.
+        The pod kubelet is admitting: the oldest of those it lists already (``held``), else
+        the oldest of all (kubelet's pod resources not known). Each container is matched once
+        (kubelet allocates per container, in order): not the ones matched here lately, nor the
+        first ``held[pod]`` block containers of a pod, which kubelet says hold blocks already.
         """
         now = self._clock()
         self._claimed = {k: t for k, t in self._claimed.items() if now - t < CLAIM_TTL_S}
@@ -337,6 +339,10 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             and f"{a.uid}/{k}" not in self._claimed
             and k >= held.get(f"{a.namespace}/{a.name}", 0)
         ]
+        # kubelet lists a pod (PodResources) from the moment it starts admitting it: where it
+        # lists some of these, the one it admits now is among them.
+        admitting = [p for p in pending if f"{p[0].namespace}/{p[0].name}" in held]
+        pending = admitting or pending
         if not pending:
             return None
         pod, k = min(pending, key=lambda p: (p[0].assigned_at, p[0].uid, p[1]))

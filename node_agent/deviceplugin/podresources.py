@@ -27,15 +27,17 @@ class PodDevices:
     namespace: str
     name: str
     containers: tuple[tuple[str, ...], ...]
-    """The device IDs of each container that holds any, in kubelet's order."""
+    """The device IDs of each container that holds any, in kubelet's order (none while
+    kubelet is still admitting the pod)."""
 
 
 Listing = Callable[[], Awaitable[list[PodDevices] | None]]
-"""The pods holding devices of the resource; None when kubelet could not be asked."""
+"""The pods kubelet lists, with their devices of the resource; None when kubelet could not be
+asked. kubelet lists a pod from the start of its admission, before any device is given."""
 
 Held = Callable[[], Awaitable[dict[str, int] | None]]
-"""Per pod (``namespace/name``), how many of its containers hold devices of the resource;
-None when kubelet could not be asked."""
+"""Per pod kubelet lists (``namespace/name``), how many of its containers hold devices of the
+resource (0 for a pod being admitted); None when kubelet could not be asked."""
 
 
 def pod_devices(socket: Path, resource: str, *, quiet: bool = False) -> Listing:
@@ -71,8 +73,7 @@ def pod_devices(socket: Path, resource: str, *, quiet: bool = False) -> Listing:
                     )
                 )
             )
-            if containers:
-                out.append(PodDevices(pod.namespace, pod.name, containers))
+            out.append(PodDevices(pod.namespace, pod.name, containers))
         return out
 
     return listing

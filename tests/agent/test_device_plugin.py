@@ -7,7 +7,9 @@ kubelet's side here is a Registration server and DevicePlugin client on the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -395,28 +397,30 @@ class PodResources(podresources_pb2_grpc.PodResourcesListerServicer):  # type: i
                 for c, ids in containers.items()])
             for (ns, name), containers in self.pods.items()])  # fmt: skip
 
+    @contextlib.asynccontextmanager
+    async def serving(self, socket: Path) -> AsyncIterator[None]:
+        """Served on the unix ``socket`` while the block runs."""
+        server = grpc.aio.server()
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{socket}")
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop(None)
+
 
 async def test_after_an_agent_restart_kubelets_record_keeps_a_matched_pod_from_matching_again(
     tmp_path: Path,
 ) -> None:
     # "first" was admitted before the restart, and still starts (Pending); "second" came after
     # it. The restarted plugin has no memory of matching "first": kubelet's record tells it.
-    assigned = [
-        Assigned("uid-1", "default", "first", "GPU-a", 1, 100.0, "Pending"),
-        Assigned("uid-2", "default", "second", "GPU-b", 1, 200.0, "Pending"),
-    ]
-
-    async def lookup() -> list[Assigned] | None:
-        return assigned
-
+    lookup = _bound(Assigned("uid-1", "default", "first", "GPU-a", 1, 100.0, "Pending"),
+                    Assigned("uid-2", "default", "second", "GPU-b", 1, 200.0, "Pending"))  # fmt: skip
     kubelet = PodResources()
     kubelet.pods[("default", "first")] = {"app": ["GPU-a::0"]}
     socket = tmp_path / "pod-resources.sock"
-    server = grpc.aio.server()
-    podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
-    server.add_insecure_port(f"unix://{socket}")
-    await server.start()
-    try:
+    async with kubelet.serving(socket):
         for held, want in ((holders(socket, RESOURCE), "GPU-b"), (None, "GPU-a")):
             plugin = BlockPlugin(lookup, lambda: 4096, held=held)  # a fresh start each time
             await plugin.update(GPUS)
@@ -425,10 +429,32 @@ async def test_after_an_agent_restart_kubelets_record_keeps_a_matched_pod_from_m
                     available_deviceIDs=[d.ID for d in plugin.devices()], allocation_size=1)])  # fmt: skip
             resp = await plugin.GetPreferredAllocation(request, None)
             assert resp.container_responses[0].deviceIDs[0].split("::")[0] == want
-    finally:
-        await server.stop(None)
     # kubelet out of reach: matched by the extender's assignments alone, as before.
     assert await holders(tmp_path / "none.sock", RESOURCE)() is None
+
+
+async def test_the_pod_kubelet_admits_gets_its_gpu_though_an_older_pod_of_that_size_waits(
+    tmp_path: Path,
+) -> None:
+    # Both bound within a moment; kubelet admits "second" first (its bind was written first).
+    # kubelet lists a pod from the start of its admission, before it has devices.
+    lookup = _bound(Assigned("uid-1", "default", "first", "GPU-a", 1, 100.0, "Pending"),
+                    Assigned("uid-2", "default", "second", "GPU-b", 1, 100.1, "Pending"))  # fmt: skip
+    kubelet = PodResources()
+    kubelet.pods[("default", "second")] = {"app": []}
+    socket = tmp_path / "pod-resources.sock"
+    async with kubelet.serving(socket):
+        plugin = BlockPlugin(lookup, lambda: 4096, held=holders(socket, RESOURCE))
+        await plugin.update(GPUS)
+        pref = await plugin.GetPreferredAllocation(_prefer(plugin, 1), Context())
+        ids = list(pref.container_responses[0].deviceIDs)
+        assert gpu_of(ids[0]) == "GPU-b"
+        answer = await plugin.Allocate(_allocate(*ids), Context())
+        assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+        kubelet.pods[("default", "second")] = {"app": ids}
+        kubelet.pods[("default", "first")] = {"app": []}
+        pref = await plugin.GetPreferredAllocation(_prefer(plugin, 1), Context())
+        assert gpu_of(pref.container_responses[0].deviceIDs[0]) == "GPU-a"
 
 
 async def test_the_agent_reports_which_gpus_blocks_each_pod_holds_as_kubelet_says(
@@ -447,18 +473,12 @@ async def test_the_agent_reports_which_gpus_blocks_each_pod_holds_as_kubelet_say
     kubelet.pods[("batch", "borrower")] = {"app": [f"{a}::lent-0", f"{a}::2"]}
     kubelet.pods[("batch", "split")] = {"one": [f"{a}::0"], "two": [f"{b}::2"]}
     socket = tmp_path / "pod-resources.sock"
-    server = grpc.aio.server()
-    podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
-    server.add_insecure_port(f"unix://{socket}")
     agent.blocks.pod_devices = pod_devices(socket, RESOURCE)
     # No device plugin on this node: kubelet is not asked, and nothing is known.
     assert (await agent.round()).report.holders is None
     agent.blocks.plugin = BlockPlugin(_nothing, lambda: agent.blocks.block_mib)
-    await server.start()
-    try:
+    async with kubelet.serving(socket):
         report = (await agent.round()).report
-    finally:
-        await server.stop(None)
     assert [(h.namespace, h.name, h.gpu_uuid, h.blocks) for h in report.holders or ()] == [
         ("batch", "borrower", a, 2),
         ("batch", "split", a, 1),

@@ -6,7 +6,8 @@ package main
 // prints every device list; on a command it asks the plugin for a preferred allocation of
 // healthy, unallocated devices and allocates them, as kubelet's device manager does when it
 // admits a pod. With --pod-resources it also serves kubelet's PodResources API (v1, List) on
-// that socket: each pod's containers with the devices allocated to them. One JSON object per
+// that socket: each pod admitted, or being admitted, with its containers and the devices
+// allocated to them (as kubelet lists a pod from the start of its admission). One JSON object per
 // line: commands on stdin, events on stdout.
 //
 //	{"allocate": {"resource": "edgegpu.io/gpu-mem-block", "size": 1, "pod": "ns/name",
@@ -161,9 +162,22 @@ func (r *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRe
 	return resp, nil
 }
 
-func (m *manager) allocate(resource string, size int, pod, container string) map[string]any {
+func (m *manager) allocate(resource string, size int, pod, container string) (out map[string]any) {
+	defer func() {
+		if out["event"] == "error" {
+			m.forgetIfEmpty(pod)
+		}
+	}()
 	m.mu.Lock()
 	p := m.plugins[resource]
+	// As kubelet's pod manager: the pod is listed (with no devices yet) from the start of its
+	// admission; a pod that fails it is no longer active, and no longer listed.
+	if m.given[pod] == nil {
+		m.given[pod] = map[string]map[string][]string{}
+	}
+	if m.given[pod][container] == nil {
+		m.given[pod][container] = map[string][]string{}
+	}
 	var available []string
 	if p != nil {
 		for id, health := range p.devices {
@@ -224,6 +238,18 @@ func (m *manager) allocate(resource string, size int, pod, container string) map
 	m.given[pod][container][resource] = chosen
 	m.mu.Unlock()
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
+}
+
+// forgetIfEmpty drops a pod that holds no device: its admission failed.
+func (m *manager) forgetIfEmpty(pod string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, byResource := range m.given[pod] {
+		if len(byResource) > 0 {
+			return
+		}
+	}
+	delete(m.given, pod)
 }
 
 // release frees the devices of a pod that is gone, as kubelet does once its containers ended.
