@@ -49,7 +49,7 @@ imports: $(STAMP) ## import-linter: the layer contracts in pyproject.toml
 check: test ## alias of test
 
 crd: $(STAMP) ## regenerate manifests/crd/ from the policy model
-	$(VENV)/bin/python -m scheduler_extender.crd > manifests/crd/gpuschedulingpolicies.yaml
+	$(VENV)/bin/python -m scheduler_extender.policy.crd > manifests/crd/gpuschedulingpolicies.yaml
 
 chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
 	$(VENV)/bin/python -m tools.chart

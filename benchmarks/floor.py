@@ -60,7 +60,7 @@ def serve(asgi_app: Any) -> None:
     """Run an ASGI app on 127.0.0.1:--port exactly as the extender runs (uvicorn options)."""
     import uvicorn
 
-    from scheduler_extender.serving import uvicorn_options
+    from scheduler_extender.api.server import uvicorn_options
 
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from node_agent import __version__
 from node_agent.backends import load_backend
 from node_agent.backends.base import GpuBackend
+from node_agent.backends.cuda_probe import CudaProbe
 from node_agent.config import AgentSettings
 from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin
 from node_agent.deviceplugin.podresources import holders, pod_devices
@@ -31,13 +32,12 @@ from node_agent.deviceplugin.state import StateFile
 from node_agent.errors import BackendUnavailable
 from node_agent.loop import Agent
 from node_agent.protection import health, power
-from node_agent.protection.cuda_probe import CudaProbe
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.telemetry.report import host_boot_id
 from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
 from node_agent.uplink.trust import ExtenderCa
 from scheduler_extender import logs
-from scheduler_extender.flags import SettingsCli
+from scheduler_extender.cli.flags import SettingsCli
 
 log = logging.getLogger("node_agent")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler_extender.gpu_fields import KEPT
 from scheduler_extender.policy.batch import NodeBatch
+from scheduler_extender.telemetry.fields import KEPT
 
 _seq = itertools.count(1)
 

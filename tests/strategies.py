@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from scheduler_extender.domain import PodDemand, QosClass
-from scheduler_extender.gpu_fields import KEPT
 from scheduler_extender.policy.batch import NodeBatch
+from scheduler_extender.telemetry.fields import KEPT
 
 _NAMED = ("temperature_c", "power_w", "power_limit_w", "utilization_pct", "memory_total_mib")
 maybe_nan = st.one_of(st.just(float("nan")), st.floats(0, 1, allow_nan=False))

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from node_agent.backends.amd import AmdBackend
 from node_agent.backends.base import GpuBackend
+from node_agent.backends.cuda_probe import CudaProbe
 from node_agent.backends.intel import IntelBackend
 from node_agent.backends.nvml import NvmlBackend
 from node_agent.errors import BackendUnavailable
 from node_agent.model import Capabilities, GpuReading
-from node_agent.protection.cuda_probe import CudaProbe
 from node_agent.protection.power import IDLE, PowerArgs, plan
 
 ROOT = Path(__file__).resolve().parent.parent

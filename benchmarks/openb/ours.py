@@ -24,7 +24,6 @@ import yaml
 from benchmarks.openb.replay import Chooser, Cluster, pick
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Pods, Shape
 from scheduler_extender.domain import Health, PodDemand, QosClass
-from scheduler_extender.gpu_fields import KEPT
 from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.combine import (
     finish,
@@ -36,6 +35,7 @@ from scheduler_extender.policy.combine import (
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
 from scheduler_extender.state.verdicts import DemandKey, demand_key
+from scheduler_extender.telemetry.fields import KEPT
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -20,10 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from node_agent.backends.procmap import pod_of_pid
+from node_agent.backends.selftest import run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
-from node_agent.protection.selftest import run_self_test
-from node_agent.telemetry.procmap import pod_of_pid
 
 log = logging.getLogger("node_agent.amd")
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from node_agent.backends.base import ReadOnlyControls
+from node_agent.backends.selftest import run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits
-from node_agent.protection.selftest import run_self_test
 
 log = logging.getLogger("node_agent.intel")
 

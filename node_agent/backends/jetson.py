@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from node_agent.backends.base import ReadOnlyControls
+from node_agent.backends.selftest import run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import GpuReading, NodeChecks
-from node_agent.protection.selftest import run_self_test
 
 log = logging.getLogger("node_agent.jetson")
 

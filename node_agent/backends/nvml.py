@@ -15,11 +15,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from node_agent.backends.cuda_probe import CudaProbe
+from node_agent.backends.procmap import pod_of_pid
+from node_agent.backends.selftest import run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
-from node_agent.protection.cuda_probe import CudaProbe
-from node_agent.protection.selftest import run_self_test
-from node_agent.telemetry.procmap import pod_of_pid
 
 log = logging.getLogger("node_agent.nvml")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from node_agent.backends.selftest import Check, verdict_of
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import (
     Capabilities,
@@ -29,7 +30,6 @@ from node_agent.model import (
     PowerLimits,
     XidEvent,
 )
-from node_agent.protection.selftest import Check, verdict_of
 
 log = logging.getLogger("node_agent.simulated")
 

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from node_agent.model import GpuHealth, GpuReading, NodeChecks
-from scheduler_extender.gpu_fields import GPU_FIELDS
+from scheduler_extender.telemetry.fields import GPU_FIELDS
 
 HEALTH_VALUE = {"healthy": 0.0, "degraded": 1.0, "unhealthy": 2.0}
 _LABELS = ["device", "uuid", "model", "node"]

@@ -29,11 +29,11 @@ from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewA
 from scheduler_extender.k8s.binder import Binder, KubeBinder
 from scheduler_extender.k8s.client import KubeApi
 from scheduler_extender.k8s.leader import LeaseElector
+from scheduler_extender.k8s.sync import ClusterSync
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.state.cluster import ClusterState
-from scheduler_extender.sync import ClusterSync
 from scheduler_extender.telemetry.clock import Clock, SystemClock
 
 log = logging.getLogger("scheduler_extender")

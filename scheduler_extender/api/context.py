@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import Request
 
+from scheduler_extender.api.server import BodyBudget
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder
 from scheduler_extender.k8s.leader import LeaseElector
+from scheduler_extender.k8s.sync import ClusterSync
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.remediation.runner import Remediator
-from scheduler_extender.serving import BodyBudget
 from scheduler_extender.state.cluster import ClusterState
-from scheduler_extender.sync import ClusterSync
 
 log = logging.getLogger("scheduler_extender")
 

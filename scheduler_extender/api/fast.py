@@ -22,10 +22,8 @@ from fastapi import FastAPI
 
 from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext
-from scheduler_extender.httpproto import CLIENT_CERT_KEY, PeerCertificate
-from scheduler_extender.k8s import wire
-from scheduler_extender.logs import escape
-from scheduler_extender.serving import (
+from scheduler_extender.api.protocol import CLIENT_CERT_KEY, PeerCertificate
+from scheduler_extender.api.server import (
     TELEMETRY_PATH,
     Disconnected,
     HeldBody,
@@ -41,6 +39,8 @@ from scheduler_extender.serving import (
     is_json,
     send_json,
 )
+from scheduler_extender.k8s import wire
+from scheduler_extender.logs import escape
 from scheduler_extender.telemetry.schema import TelemetryReport
 
 Handler = Callable[[AppContext, bytes], Awaitable[bytes] | bytes]

@@ -16,10 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler_extender.api import ingest, verbs
 from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
-from scheduler_extender.errors import RequestError
-from scheduler_extender.policy.rules import memory
-from scheduler_extender.report import GpuProcess
-from scheduler_extender.serving import (
+from scheduler_extender.api.server import (
     Disconnected,
     HeldBody,
     Late,
@@ -28,7 +25,10 @@ from scheduler_extender.serving import (
     bearer,
     is_json,
 )
+from scheduler_extender.errors import RequestError
+from scheduler_extender.policy.rules import memory
 from scheduler_extender.state.cluster import ClusterState
+from scheduler_extender.telemetry.report import GpuProcess
 
 
 def _debug_allowed(request: Request) -> None:

@@ -32,7 +32,7 @@ class NodeBatch:
     present: BoolArray
     health: npt.NDArray[np.int8]
     readings: dict[str, FloatArray]
-    """(N, G) per kept field of ``gpu_fields.GPU_FIELDS``, by its name."""
+    """(N, G) per kept field of ``telemetry.fields.GPU_FIELDS``, by its name."""
     unaccounted_used_mib: FloatArray
     """Memory in use by anything other than pods assigned to this GPU."""
     excluded_until: FloatArray

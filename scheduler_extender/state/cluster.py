@@ -27,7 +27,6 @@ from scheduler_extender.policy.combine import (
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
-from scheduler_extender.report import DIGEST_COLUMNS, Digest, PodHolder
 from scheduler_extender.state import lending as lending_rules
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.decide import Decision, decide
@@ -36,6 +35,7 @@ from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
 from scheduler_extender.state.verdicts import VerdictCache
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
+from scheduler_extender.telemetry.report import DIGEST_COLUMNS, Digest, PodHolder
 from scheduler_extender.telemetry.store import NodeRecord, PutResult, Received, TelemetryStore
 
 log = logging.getLogger("scheduler_extender.state")

@@ -2,7 +2,7 @@
 
 Rows are written when telemetry or assignments change; a request only gathers rows, so a verb
 over 5,000 nodes is a few numpy take operations, not 5,000 objects. Row 0 is a blank row that
-stands in for nodes nobody has heard of. Imports numpy, ``gpu_fields`` and the policy.
+stands in for nodes nobody has heard of. Imports numpy, ``fields`` and the policy.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_extender.gpu_fields import KEPT
 from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.rules import thermal
+from scheduler_extender.telemetry.fields import KEPT
 
 _NODE_FLOAT = (
     "received_at",

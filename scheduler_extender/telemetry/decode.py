@@ -1,6 +1,6 @@
 """Decoding a telemetry push, with the contract's list of problems when it is refused.
 
-The hot path decodes with the msgspec structs of ``scheduler_extender.report`` (a few µs); a
+The hot path decodes with the msgspec structs of ``report`` (a few µs); a
 refused report is validated once more by the contract's pydantic model
 (``schema.TelemetryReport``), only to locate every problem for the agent's log.
 """
@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
-from scheduler_extender.report import (
+from scheduler_extender.telemetry import schema
+from scheduler_extender.telemetry.report import (
     AgentInfo,
     GpuProcess,
     GpuReport,
@@ -21,7 +22,6 @@ from scheduler_extender.report import (
     TelemetryReport,
     decode_push,
 )
-from scheduler_extender.telemetry import schema
 
 __all__ = [
     "AgentInfo",

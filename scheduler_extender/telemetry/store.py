@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from scheduler_extender.policy.rules import thermal
-from scheduler_extender.report import Digest, TelemetryReport, digest
+from scheduler_extender.telemetry.report import Digest, TelemetryReport, digest
 
 
 class Received(msgspec.Struct, frozen=True, gc=False):

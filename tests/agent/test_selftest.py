@@ -1,7 +1,7 @@
 import ctypes
 
-from node_agent.protection.cuda_probe import CudaProbe
-from node_agent.protection.selftest import run_self_test
+from node_agent.backends.cuda_probe import CudaProbe
+from node_agent.backends.selftest import run_self_test
 
 
 class FakeLibcuda:

@@ -16,7 +16,7 @@ def plugin(cluster: Cluster, url: str, *args: str) -> Any:
     # HTTPS client does, through SSL_CERT_FILE.
     env = {**os.environ, "SSL_CERT_FILE": str(cluster.balancer.pki.ca)}
     proc = subprocess.run(
-        [sys.executable, "-m", "scheduler_extender.kubectl",
+        [sys.executable, "-m", "scheduler_extender.cli.kubectl",
          "--kubeconfig", str(cluster.cp.admin_kubeconfig), "--extender-url", url,
          "-o", "json", *args],
         capture_output=True, text=True, timeout=60, env=env,

@@ -112,7 +112,7 @@ async def test_a_fault_while_storing_a_push_is_a_500_with_a_message_not_a_traceb
 async def test_uvicorn_takes_the_peer_address_not_forwarded_headers(clock):
     import uvicorn
 
-    from scheduler_extender.serving import uvicorn_options
+    from scheduler_extender.api.server import uvicorn_options
 
     assert uvicorn_options()["proxy_headers"] is False
     config = uvicorn.Config(create_app(clock=clock), **uvicorn_options())
@@ -146,8 +146,7 @@ async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monke
     """A client that declares more than it sends held a request open for ever."""
     import asyncio
 
-    from scheduler_extender import serving
-    from scheduler_extender.api import fast
+    from scheduler_extender.api import fast, server as serving
     from scheduler_extender.api.app import create_app
 
     monkeypatch.setattr(serving, "BODY_TIMEOUT_S", 0.2)

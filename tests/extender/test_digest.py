@@ -1,4 +1,4 @@
-"""A push's digest (``scheduler_extender.report``): what the table and ledgers take of a report."""
+"""A push's digest (``scheduler_extender.telemetry.report``): what the table and ledgers take of a report."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 from hypothesis import given, settings, strategies as st
 
 from scheduler_extender.domain import Health
-from scheduler_extender.gpu_fields import GPU_FIELDS
 from scheduler_extender.names import RACK_LABEL
-from scheduler_extender.report import DIGEST_COLUMNS, digest
 from scheduler_extender.telemetry.decode import report_from
+from scheduler_extender.telemetry.fields import GPU_FIELDS
+from scheduler_extender.telemetry.report import DIGEST_COLUMNS, digest
 from tests.builders import gpu, report
 
 REASONS = ["gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "sync_boost"]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from scheduler_extender import kubectl
+from scheduler_extender.cli import kubectl
 from tests.builders import gpu, report
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.test_tls_and_cli import self_signed, start, wait_up

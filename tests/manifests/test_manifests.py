@@ -15,10 +15,10 @@ import yaml
 
 from node_agent.cli import command_line as agent_command_line
 from node_agent.config import AgentSettings
-from scheduler_extender import crd
 from scheduler_extender.api.app import create_app
-from scheduler_extender.cli import command_line as extender_command_line
+from scheduler_extender.cli.main import command_line as extender_command_line
 from scheduler_extender.config import ExtenderSettings
+from scheduler_extender.policy import crd
 from scheduler_extender.policy.document import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]

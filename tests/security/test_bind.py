@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.cli import command_line
+from scheduler_extender.api.protocol import PeerCertificate
+from scheduler_extender.cli.main import command_line
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import BindError
-from scheduler_extender.httpproto import PeerCertificate
 from scheduler_extender.k8s.binder import KubeBinder
 from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.telemetry.decode import report_from

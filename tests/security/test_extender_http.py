@@ -27,9 +27,9 @@ from fastapi import FastAPI
 from node_agent.uplink.pusher import Pusher
 from scheduler_extender.api import fast
 from scheduler_extender.api.app import create_app
+from scheduler_extender.api.server import BODY_TIMEOUT_S, BodyBudget, uvicorn_options
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import MAX_TOKEN_CHARS, AuthError, TokenReviewAuth
-from scheduler_extender.serving import BODY_TIMEOUT_S, BodyBudget, uvicorn_options
 from scheduler_extender.telemetry.clock import FakeClock
 from tests.builders import args_names, args_nodes, gpu, node_object, pod, report
 from tests.extender.test_api_scheduler import RecordingBinder

@@ -27,10 +27,10 @@ import pytest
 from fastapi import FastAPI
 
 from scheduler_extender.api.app import create_app
-from scheduler_extender.cli import command_line
+from scheduler_extender.api.protocol import CLIENT_CERT_KEY, PeerCertificate
+from scheduler_extender.api.server import ServingTls, certificate_not_after
+from scheduler_extender.cli.main import command_line
 from scheduler_extender.config import ExtenderSettings
-from scheduler_extender.httpproto import CLIENT_CERT_KEY, PeerCertificate
-from scheduler_extender.serving import ServingTls, certificate_not_after
 from scheduler_extender.telemetry.clock import FakeClock
 from tests.builders import args_names, pod
 from tests.extender.test_api_scheduler import RecordingBinder

@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 from websocket import ABNF
 
-from scheduler_extender import kubectl
+from scheduler_extender.cli import kubectl
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.test_tls_and_cli import self_signed, start, wait_up
 

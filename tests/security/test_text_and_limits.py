@@ -18,8 +18,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender import kubectl, logs
+from scheduler_extender import logs
 from scheduler_extender.api.app import create_app
+from scheduler_extender.cli import kubectl
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.errors import PolicyError
 from scheduler_extender.metrics import ExtenderMetrics

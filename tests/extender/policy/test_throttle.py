@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from scheduler_extender.domain import PodDemand, QosClass
-from scheduler_extender.gpu_fields import GPU_FIELDS
 from scheduler_extender.policy.combine import Context, evaluate
 from scheduler_extender.policy.document import DEFAULT_POLICY
 from scheduler_extender.policy.rules import TERMS
-from scheduler_extender.report import digest
 from scheduler_extender.telemetry.decode import report_from
+from scheduler_extender.telemetry.fields import GPU_FIELDS
+from scheduler_extender.telemetry.report import digest
 from tests.builders import batch, gpu, report
 
 SLOWDOWN = next(f for f in GPU_FIELDS if f.name == "slowdown")

@@ -1,6 +1,6 @@
 """The GPUSchedulingPolicy CustomResourceDefinition, generated from the policy model.
 
-``python -m scheduler_extender.crd`` prints it; ``make crd`` writes
+``python -m scheduler_extender.policy.crd`` prints it; ``make crd`` writes
 ``manifests/crd/gpuschedulingpolicies.yaml``, and a test keeps that file equal to this output.
 The spec's schema is pydantic's JSON Schema turned into the structural OpenAPI v3.0 schema the
 API server wants: references inlined, ``null`` options as ``nullable``, boolean exclusive

@@ -11,10 +11,10 @@ import logging
 import sys
 
 from scheduler_extender import __version__, logs
+from scheduler_extender.api.server import ServingTls, raise_open_files_limit, uvicorn_options
+from scheduler_extender.cli.flags import SettingsCli
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError
-from scheduler_extender.flags import SettingsCli
-from scheduler_extender.serving import ServingTls, raise_open_files_limit, uvicorn_options
 
 log = logging.getLogger("scheduler_extender")
 

@@ -16,7 +16,7 @@ shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
 and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
-library, numpy, ``domain``, ``gpu_fields`` and ``logs`` only.
+library, numpy, ``domain``, ``fields`` and ``logs`` only.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from scheduler_extender.domain import (
     Health,
     duplicate_holder,
 )
-from scheduler_extender.gpu_fields import GPU_FIELDS
 from scheduler_extender.logs import CONTROL_CHARACTERS
+from scheduler_extender.telemetry.fields import GPU_FIELDS
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
 
@@ -238,7 +238,7 @@ def decode_push(body: bytes) -> TelemetryReport:
 _PLAIN = tuple(f.name for f in GPU_FIELDS if f.kept and f.derive is None)
 _DERIVED = tuple(f for f in GPU_FIELDS if f.kept and f.derive is not None)
 DIGEST_COLUMNS = ("index", *_PLAIN, "memory_used_mib", *(f.name for f in _DERIVED), "health")
-"""A digest's floats per GPU, in this order: the kept fields of ``gpu_fields`` and the memory in
+"""A digest's floats per GPU, in this order: the kept fields of ``fields`` and the memory in
 use (a field the backend cannot read is NaN), then ``domain.Health``'s value."""
 
 _HEALTH = {h.name.lower(): float(h) for h in Health}

@@ -39,7 +39,7 @@ def _http_protocol(head_timeout_s: float | None) -> Any:
     """
     if importlib.util.find_spec("httptools") is None:
         return "h11"
-    from scheduler_extender.httpproto import BoundedHttpTools
+    from scheduler_extender.api.protocol import BoundedHttpTools
 
     if head_timeout_s is None:
         return BoundedHttpTools
@@ -55,7 +55,7 @@ def uvicorn_options(
     answer, and an access log line costs as much as a small filter. Idle keep-alive
     connections stay open 75 s (uvicorn's default is 5 s; Go's client keeps them 90 s), so a
     quiet minute between scheduling bursts does not cost a reconnect. A request's head must
-    arrive within ``head_timeout_s`` (None: ``httpproto.HEAD_TIMEOUT_S``) of the connection
+    arrive within ``head_timeout_s`` (None: ``protocol.HEAD_TIMEOUT_S``) of the connection
     opening, or of its first byte on a kept-alive connection.
     """
     return {

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from node_agent.protection.cuda_probe import CudaProbe
+from node_agent.backends.cuda_probe import CudaProbe
 
 
 @dataclass(frozen=True, slots=True)
