@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import Request
 
-from scheduler_extender.api.server import BodyBudget
+from scheduler_extender.api.bodies import BodyBudget
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth
 from scheduler_extender.k8s.binder import Binder

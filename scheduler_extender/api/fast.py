@@ -21,18 +21,14 @@ import orjson
 from fastapi import FastAPI
 
 from scheduler_extender.api import ingest, verbs
+from scheduler_extender.api.bodies import Disconnected, HeldBody, Late, NoRoom, TooLarge
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.api.protocol import CLIENT_CERT_KEY, PeerCertificate
 from scheduler_extender.api.server import (
     TELEMETRY_PATH,
-    Disconnected,
-    HeldBody,
-    Late,
-    NoRoom,
     Receive,
     Scope,
     Send,
-    TooLarge,
     bearer,
     client_host,
     internal_error,

@@ -11,7 +11,7 @@ of the connection opening, or of its first byte on a kept-alive connection; else
 answered 408 (the connection closed without a word when nothing came) and the connection closed.
 A response sent before its request's body has all arrived also closes the connection: the rest
 of the body would otherwise be read and thrown away for as long as the client keeps sending.
-The body's own deadline is the application's (``server.BODY_TIMEOUT_S``, shorter for pushes).
+The body's own deadline is the application's (``bodies.BODY_TIMEOUT_S``, shorter for pushes).
 
 Each request's scope carries the names of the client certificate that the TLS layer verified
 (``CLIENT_CERT_KEY``), which uvicorn does not pass on by itself: who may call what is the

@@ -14,17 +14,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.api import ingest, verbs
+from scheduler_extender.api.bodies import Disconnected, HeldBody, Late, NoRoom, TooLarge
 from scheduler_extender.api.context import AppContext, get_ctx
 from scheduler_extender.api.ingest import is_loopback
-from scheduler_extender.api.server import (
-    Disconnected,
-    HeldBody,
-    Late,
-    NoRoom,
-    TooLarge,
-    bearer,
-    is_json,
-)
+from scheduler_extender.api.server import bearer, is_json
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.state.cluster import ClusterState

@@ -11,7 +11,8 @@ import logging
 import sys
 
 from scheduler_extender import __version__, logs
-from scheduler_extender.api.server import ServingTls, raise_open_files_limit, uvicorn_options
+from scheduler_extender.api.server import raise_open_files_limit, uvicorn_options
+from scheduler_extender.api.tls import ServingTls
 from scheduler_extender.cli.flags import SettingsCli
 from scheduler_extender.config import ExtenderSettings, load_policy
 from scheduler_extender.errors import PolicyError

@@ -146,7 +146,7 @@ async def test_a_body_that_never_arrives_is_answered_408_and_holds_nothing(monke
     """A client that declares more than it sends held a request open for ever."""
     import asyncio
 
-    from scheduler_extender.api import fast, server as serving
+    from scheduler_extender.api import bodies as serving, fast
     from scheduler_extender.api.app import create_app
 
     monkeypatch.setattr(serving, "BODY_TIMEOUT_S", 0.2)

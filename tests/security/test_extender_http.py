@@ -27,7 +27,8 @@ from fastapi import FastAPI
 from node_agent.uplink.pusher import Pusher
 from scheduler_extender.api import fast
 from scheduler_extender.api.app import create_app
-from scheduler_extender.api.server import BODY_TIMEOUT_S, BodyBudget, uvicorn_options
+from scheduler_extender.api.bodies import BODY_TIMEOUT_S, BodyBudget
+from scheduler_extender.api.server import uvicorn_options
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import MAX_TOKEN_CHARS, AuthError, TokenReviewAuth
 from scheduler_extender.telemetry.clock import FakeClock

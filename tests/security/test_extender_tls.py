@@ -28,7 +28,7 @@ from fastapi import FastAPI
 
 from scheduler_extender.api.app import create_app
 from scheduler_extender.api.protocol import CLIENT_CERT_KEY, PeerCertificate
-from scheduler_extender.api.server import ServingTls, certificate_not_after
+from scheduler_extender.api.tls import ServingTls, certificate_not_after
 from scheduler_extender.cli.main import command_line
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.telemetry.clock import FakeClock
