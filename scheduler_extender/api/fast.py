@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 
-from scheduler_extender.api import ingest, verbs
+from scheduler_extender.api import bind, ingest, verbs
 from scheduler_extender.api.bodies import Disconnected, HeldBody, Late, NoRoom, TooLarge
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.api.protocol import CLIENT_CERT_KEY, PeerCertificate
@@ -48,7 +48,7 @@ VERBS: dict[str, Handler] = {
     "filter": verbs.filter_verb,
     "prioritize": verbs.prioritize_verb,
     "preempt": verbs.preempt_verb,
-    "bind": verbs.bind_verb,
+    "bind": bind.bind_verb,
 }
 
 VERB_WAIT_S = 1.0

@@ -1,12 +1,13 @@
-"""The scheduler verbs as functions of bytes: decode → translate → policy → encode.
+"""Filter, prioritize and preempt as functions of bytes: decode → translate → policy → encode.
 
 No HTTP here, so the verbs can be called by tests and benchmarks directly. Every failure
-becomes an answer the scheduler understands; nothing raises out of these functions.
+becomes an answer the scheduler understands; nothing raises out of these functions. Bind, which
+also reads the cluster, is ``bind``'s, with the helpers here (the pod's demand, the GPUs it
+gets on a node); ``explain`` answers /debug/explain.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -16,9 +17,8 @@ import numpy.typing as npt
 
 from scheduler_extender.api.context import AppContext
 from scheduler_extender.domain import Assignment, PodDemand
-from scheduler_extender.errors import BindError, RequestError
+from scheduler_extender.errors import RequestError
 from scheduler_extender.k8s import translate, wire
-from scheduler_extender.k8s.client import KubeError
 from scheduler_extender.policy.base import REASON_RESOLVABLE, REASON_TEXT, Reason
 from scheduler_extender.policy.combine import evaluate
 from scheduler_extender.policy.rules import TERMS
@@ -29,13 +29,14 @@ log = logging.getLogger("scheduler_extender")
 _PREEMPTION_HELPS = frozenset({Reason.OK, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS})
 
 
-def _refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:
+def log_refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:
     """Log a refused request once, with the verb in front once (wire errors name it already)."""
     message = str(exc)
     log.log(level, "%s", message if message.startswith(f"{verb}: ") else f"{verb}: {message}")
 
 
-def _demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
+def read_demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
+    """What the pod asks for, kept so that bind (which gets only the pod's name) knows it."""
     demand = translate.pod_demand(
         pod, ctx.state.policy.spec.qos, ctx.state.policy.spec.whole_gpu_resources
     )
@@ -54,7 +55,7 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
     """
     try:
         args = wire.parse_extender_args(body, "filter")
-        demand = _demand(ctx, args.pod)
+        demand = read_demand(ctx, args.pod)
         state = ctx.state
         if state.reserved(demand.uid):
             state.release(demand.uid)  # filtered again: the cycle that reserved did not bind
@@ -84,7 +85,7 @@ def filter_verb(ctx: AppContext, body: bytes) -> bytes:
         return wire.encode_filter_result(args, passed.tolist(), failed, unresolvable)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("filter", "malformed").inc()
-        _refused("filter", exc)
+        log_refused("filter", exc)
         return wire.encode_filter_result(None, None, error=str(exc))
     except Exception as exc:  # a bug must not become a 500 the scheduler cannot read
         ctx.metrics.request_errors.labels("filter", "internal").inc()
@@ -102,7 +103,7 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
     """
     try:
         args = wire.parse_extender_args(body, "prioritize")
-        demand = _demand(ctx, args.pod)
+        demand = read_demand(ctx, args.pod)
         names = args.candidates()
         decision = ctx.state.decide(names, demand, args.labels())
         answer = wire.encode_priorities(names, decision.points.tolist())
@@ -113,7 +114,7 @@ def prioritize_verb(ctx: AppContext, body: bytes) -> bytes:
     except RequestError as exc:
         # The scheduler ignores prioritize errors (a V(5) log line): answer [] and count it.
         ctx.metrics.request_errors.labels("prioritize", "malformed").inc()
-        _refused("prioritize", exc, logging.WARNING)
+        log_refused("prioritize", exc, logging.WARNING)
     except Exception:
         ctx.metrics.request_errors.labels("prioritize", "internal").inc()
         log.exception("prioritize: internal error")
@@ -151,10 +152,10 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
         args = wire.parse_preemption_args(body)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("preempt", "malformed").inc()
-        _refused("preempt", exc, logging.WARNING)
+        log_refused("preempt", exc, logging.WARNING)
         return wire.encode_preemption_result({})
     try:
-        demand = _demand(ctx, args.pod)
+        demand = read_demand(ctx, args.pod)
         if not demand.wants_gpu or not args.victims:
             return wire.encode_preemption_result(args.victims)
         names = list(args.victims)
@@ -205,7 +206,7 @@ def preempt_verb(ctx: AppContext, body: bytes) -> bytes:
         return wire.encode_preemption_result(kept)
     except RequestError as exc:
         ctx.metrics.request_errors.labels("preempt", "malformed").inc()
-        _refused("preempt", exc, logging.WARNING)
+        log_refused("preempt", exc, logging.WARNING)
     except Exception:
         ctx.metrics.request_errors.labels("preempt", "internal").inc()
         log.exception("preempt: internal error")
@@ -248,118 +249,6 @@ def choose_assignment(
         ),
         "",
     )
-
-
-DEFAULT_SCHEDULER = "default-scheduler"
-"""The API server's value for a pod whose spec names no scheduler."""
-
-
-async def _cluster_pod(ctx: AppContext, args: wire.BindingArgs) -> dict[str, Any] | None:
-    """The pod a bind names, as the cluster has it: the watch cache, else the API server.
-
-    None when the cluster has no pod of that namespace, name and uid (deleted, created again
-    under the same name, or never there).
-    """
-    assert ctx.sync is not None
-    pod = ctx.sync.pods.get((args.pod_namespace, args.pod_name))
-    if pod is None or pod["metadata"].get("uid") != args.pod_uid:
-        try:
-            pod = await asyncio.to_thread(ctx.sync.api.get_pod, args.pod_namespace, args.pod_name)
-        except KubeError as exc:
-            log.info("bind: pod %s/%s: %s", args.pod_namespace, args.pod_name, exc)
-            return None
-    return pod if pod["metadata"].get("uid") == args.pod_uid else None
-
-
-async def _bind_demand(ctx: AppContext, args: wire.BindingArgs) -> PodDemand | tuple[str, str]:
-    """What the pod asks for, or (metric result, error) refusing the bind.
-
-    With a cluster, only a pod the cluster has under the uid sent, and whose
-    ``spec.schedulerName`` is one of ``scheduler_names``, is bound; what it asks for is read
-    from the cluster's copy, never from a request body. The bind may reach a replica (or a
-    restarted process) that never saw the pod's filter: the pod comes from the watch cache,
-    or from the API server when the watch has not seen it yet. Without a cluster (embedded
-    mode) there is no pod to check, and no binder writes to one: the pod's filter says what it
-    asks.
-    """
-    where = f"{args.pod_namespace}/{args.pod_name}"
-    if ctx.sync is None:
-        demand = ctx.state.demand_of(args.pod_uid)
-        if demand is None:
-            return "unknown_pod", (
-                f"edgegpu: pod {where} was never filtered by this extender; configure "
-                "filterVerb together with bindVerb"
-            )
-        return demand
-    pod = await _cluster_pod(ctx, args)
-    if pod is None:
-        return "unknown_pod", f"edgegpu: pod {where} (uid {args.pod_uid}) is not in the cluster"
-    scheduler = (pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER
-    served = ctx.settings.scheduler_names
-    if scheduler not in served:
-        return "foreign_scheduler", (
-            f"edgegpu: pod {where} is for scheduler {scheduler!r}, and this extender binds for "
-            f"{', '.join(served)} only (--scheduler-names)"
-        )
-    try:
-        return _demand(ctx, pod)
-    except RequestError as exc:
-        _refused("bind", exc)
-        return "unknown_pod", f"edgegpu: pod {where}: {exc}"
-
-
-async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
-    """``POST /bind``: choose the GPUs, record them, then have the binder create the Binding."""
-    try:
-        args = wire.parse_binding_args(body)
-    except RequestError as exc:
-        ctx.metrics.binds.labels("malformed").inc()
-        return wire.encode_binding_result(str(exc))
-    demand = await _bind_demand(ctx, args)
-    if isinstance(demand, tuple):
-        result, error = demand
-        ctx.metrics.binds.labels(result).inc()
-        return wire.encode_binding_result(error)
-    try:
-        assignment, why = choose_assignment(ctx, demand, args.node)
-        if assignment is None:
-            ctx.metrics.binds.labels("no_fit").inc()
-            return wire.encode_binding_result(f"edgegpu: {why}")
-        gpus = ", ".join(
-            f"{i} ({u})" if u else str(i)
-            for i, u in zip(assignment.gpu_indices, assignment.gpu_uuids, strict=True)
-        )
-        if ctx.binder is None:
-            ctx.metrics.binds.labels("no_binder").inc()
-            would = f"assign gpu {gpus} on" if gpus else "bind to"
-            return wire.encode_binding_result(
-                f"edgegpu: no binder configured (embedded mode, no cluster): would {would} "
-                f"node {args.node}"
-            )
-        # A retried bind finds the assignment already recorded (perhaps read back from the
-        # pod, and so authoritative): keep it as it is. A pod without GPUs has none to record.
-        reserved = ctx.state.reserved(assignment.pod_uid)
-        added = demand.wants_gpu and (
-            ctx.state.allocations.get(assignment.pod_uid) != assignment or reserved
-        )
-        if added:
-            ctx.state.assign(assignment)
-        try:
-            await ctx.binder.bind(assignment)
-        except BindError as exc:
-            if added or reserved:
-                ctx.state.release(assignment.pod_uid)
-            ctx.metrics.binds.labels("failed").inc()
-            return wire.encode_binding_result(f"edgegpu: bind failed: {exc}")
-        ctx.state.host_pod(demand.uid, args.node, demand.cpu_milli, demand.host_memory_mib)
-        ctx.metrics.binds.labels("bound").inc()
-        log.info("bound %s/%s to %s gpu %s", args.pod_namespace, args.pod_name, args.node, gpus)
-        return wire.encode_binding_result("")
-    except Exception as exc:
-        ctx.state.release(demand.uid)
-        ctx.metrics.binds.labels("failed").inc()
-        log.exception("bind: internal error")
-        return wire.encode_binding_result(f"edgegpu: internal error ({type(exc).__name__})")
 
 
 def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
