@@ -25,15 +25,10 @@ from benchmarks.openb.replay import Chooser, Cluster, pick
 from benchmarks.openb.trace import MAX_GPUS, MILLI, Pods, Shape
 from scheduler_extender.domain import Health, PodDemand, QosClass
 from scheduler_extender.policy.batch import NodeBatch
-from scheduler_extender.policy.combine import (
-    finish,
-    gpu_facts,
-    gpu_verdict,
-    host_verdict,
-    prioritize_points,
-)
+from scheduler_extender.policy.combine import finish, prioritize_points
 from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.rules.fragmentation import DemandMix, MixLearner
+from scheduler_extender.policy.verdict import gpu_facts, gpu_verdict, host_verdict
 from scheduler_extender.state.verdicts import DemandKey, demand_key
 from scheduler_extender.telemetry.fields import KEPT
 

@@ -17,12 +17,12 @@ from scheduler_extender.domain import PodDemand
 from scheduler_extender.policy.combine import (
     Context,
     finish,
-    host_verdict,
     is_stale,
     prioritize_points,
     topology_term,
 )
 from scheduler_extender.policy.document import Policy
+from scheduler_extender.policy.verdict import host_verdict
 from scheduler_extender.state.table import NodeTable
 from scheduler_extender.state.verdicts import VerdictCache
 

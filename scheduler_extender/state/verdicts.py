@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_extender.domain import PodDemand
-from scheduler_extender.policy.combine import GpuFacts, gpu_facts, gpu_verdict
 from scheduler_extender.policy.document import Policy
 from scheduler_extender.policy.rules.fragmentation import EMPTY_MIX, DemandMix, HostRoom
+from scheduler_extender.policy.verdict import GpuFacts, gpu_facts, gpu_verdict
 from scheduler_extender.state.table import NodeTable
 
 IntArray = npt.NDArray[np.int64]
