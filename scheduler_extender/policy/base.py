@@ -95,7 +95,8 @@ class Term:
     """Default weight per QoS class (0 = the class ignores the term)."""
     per_gpu: Callable[[NodeBatch, Sections], FloatArray] | None = None
     """The term (N, G) in 0..1 from each GPU's own readings, whatever the pod asks. None for
-    memoryFit and topology, which depend on the pod and are worked out in ``combine``."""
+    memoryFit and topology, which depend on the pod: ``verdict`` works out memoryFit and
+    ``combine`` topology."""
 
 
 def class_weights(

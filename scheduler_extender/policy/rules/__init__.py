@@ -2,8 +2,8 @@
 
 A rule module holds its ``Args`` and their ``SECTION`` of the policy's ``spec`` (registered in
 ``document.SECTIONS``), its pure functions and its ``Term``. ``TERMS`` below is the one list
-``combine``, the weights and the explanations read; topology stays last (it is added after the
-GPUs are chosen).
+``verdict``, ``combine``, the weights and the explanations read; topology stays last (it is
+added after the GPUs are chosen).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Health rule: prefer GPUs the agent reports healthy over degraded ones.
 
-Unhealthy GPUs never pass the filter (``combine``); this term only ranks the rest.
+Unhealthy GPUs never pass the filter (``verdict``); this term only ranks the rest.
 Pure; imports only numpy, ``domain`` and ``policy.base``/``batch``.
 """
 

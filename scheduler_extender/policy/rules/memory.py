@@ -1,7 +1,7 @@
 """Memory rule: GPU memory blocks on ONE GPU (per-card best fit), and whole free GPUs.
 
 Pure; imports only numpy, pydantic, ``domain`` and ``policy.base``. Its term, memoryFit,
-depends on the pod: ``combine`` works it out (best fit here, or the fragmentation rule's score).
+depends on the pod: ``verdict`` works it out (best fit here, or the fragmentation rule's score).
 """
 
 from __future__ import annotations
