@@ -8,7 +8,7 @@ PORT   ?= 8888
 NODES  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
 
 proto: $(STAMP) ## regenerate the device plugin's gRPC modules from node_agent/deviceplugin/*.proto
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto node_agent/deviceplugin/podresources.proto
+
+generate: $(STAMP) ## regenerate the GPU reading fields of the telemetry structs from scheduler_extender/telemetry/fields.py
+	$(PY) -m tools.gen_fields
 
 e2e: $(STAMP) ## the e2e suite on a real control plane built from the Kubernetes Go modules (first build: minutes)
 	bash tests/e2e/build-controlplane.sh >/dev/null

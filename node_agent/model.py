@@ -1,12 +1,15 @@
 """Plain values the agent passes around: readings, limits, capabilities, planned actions.
 
-Imports only the standard library. Units are in the names; ``None`` = not supported / no data.
+Imports only the standard library and the generated ``readings``. Units are in the names;
+``None`` = not supported / no data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from node_agent.readings import GpuReadings
 
 DEFAULT_BLOCK_MIB = 4096
 """MiB per ``edgegpu.io/gpu-mem-block`` when neither an extender nor the agent's state says
@@ -40,22 +43,18 @@ class GpuHolder:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuReading:
-    """One GPU at one moment, as the backend could read it."""
+class GpuReading(GpuReadings):
+    """One GPU at one moment, as the backend could read it.
+
+    The readings (``GpuReadings``, keyword-only) are the reported fields of the extender's
+    ``fields.GPU_FIELDS``, generated into ``node_agent.readings`` (``make generate``).
+    """
 
     index: int
     uuid: str
     model: str | None = None
     vendor: str | None = None
     """``nvidia``, ``amd`` or ``intel``."""
-    temperature_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    utilization_pct: float | None = None
-    memory_total_mib: float | None = None
-    memory_used_mib: float | None = None
-    sm_clock_mhz: float | None = None
-    sm_clock_max_mhz: float | None = None
     throttle_reasons: tuple[str, ...] = ()
     ecc_uncorrected: int | None = None
     processes: tuple[GpuProcess, ...] = ()

@@ -2,8 +2,9 @@
 
 Each report carries the agent's boot id and the next sequence number, and for each GPU how long
 ago it was last hot. A reading the contract refuses is reported as null, a holder it refuses is
-left out: one nonsense value never costs the node its report. Imports ``model`` and the
-extender's telemetry schema.
+left out: one nonsense value never costs the node its report. Its readings are those of the
+extender's field table, each under its name. Imports ``model`` and the extender's telemetry
+schema and field table.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from node_agent import __version__
 from node_agent.model import GpuHealth, GpuHolder, Snapshot
 from scheduler_extender.domain import MAX_HOLDERS_PER_NODE
+from scheduler_extender.telemetry.fields import REPORTED
 from scheduler_extender.telemetry.schema import GpuReport, PodHolder, TelemetryReport
 
 DEFAULT_HOT_THRESHOLD_C = 85.0
@@ -162,14 +164,7 @@ class Reporter:
                     "uuid": r.uuid,
                     "model": r.model,
                     "vendor": r.vendor,
-                    "temperature_c": r.temperature_c,
-                    "power_w": r.power_w,
-                    "power_limit_w": r.power_limit_w,
-                    "utilization_pct": r.utilization_pct,
-                    "memory_total_mib": r.memory_total_mib,
-                    "memory_used_mib": r.memory_used_mib,
-                    "sm_clock_mhz": r.sm_clock_mhz,
-                    "sm_clock_max_mhz": r.sm_clock_max_mhz,
+                    **{f.name: getattr(r, f.name) for f in REPORTED},
                     "throttle_reasons": list(r.throttle_reasons),
                     "ecc_uncorrected": r.ecc_uncorrected,
                     "xid_last": xid_last.get(r.index),

@@ -21,6 +21,7 @@ from scheduler_extender.api.server import bearer, is_json
 from scheduler_extender.errors import RequestError
 from scheduler_extender.policy.rules import memory
 from scheduler_extender.state.cluster import ClusterState
+from scheduler_extender.telemetry.fields import GPU_FIELDS
 from scheduler_extender.telemetry.report import GpuProcess
 
 
@@ -55,6 +56,12 @@ def _process_view(state: ClusterState, process: GpuProcess) -> dict[str, Any]:
         "container": process.container,
         "used_mib": process.used_mib,
     }
+
+
+_SUMMARY = tuple(f.name for f in GPU_FIELDS if f.debug == "summary")
+"""The readings every node view shows, as the field table says."""
+_DETAIL = tuple(f.name for f in GPU_FIELDS if f.debug == "detail")
+"""The readings only the view of one node shows."""
 
 
 def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
@@ -104,12 +111,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                 "uuid": gpu.uuid,
                 "model": gpu.model,
                 "vendor": gpu.vendor,
-                "temperature_c": gpu.temperature_c,
-                "power_w": gpu.power_w,
-                "power_limit_w": gpu.power_limit_w,
-                "utilization_pct": gpu.utilization_pct,
-                "memory_total_mib": gpu.memory_total_mib,
-                "memory_used_mib": gpu.memory_used_mib,
+                **{name: getattr(gpu, name) for name in _SUMMARY},
                 "free_blocks": int(free[i]),
                 "allocated_blocks": int(batch.allocated_blocks[0, i]),
                 "lent_blocks": int(batch.lent_blocks[0, i]),
@@ -123,8 +125,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
             }
             if full:
                 entry.update(
-                    sm_clock_mhz=gpu.sm_clock_mhz,
-                    sm_clock_max_mhz=gpu.sm_clock_max_mhz,
+                    {name: getattr(gpu, name) for name in _DETAIL},
                     throttle_reasons=list(gpu.throttle_reasons),
                     ecc_uncorrected=gpu.ecc_uncorrected,
                     xid_last=gpu.xid_last,

@@ -41,6 +41,7 @@ from scheduler_extender.names import (
     MEM_BLOCK_RESOURCE,
     QOS_ANNOTATION,
 )
+from scheduler_extender.telemetry.fields import GPU_FIELDS
 
 NAMESPACE = "edgegpu-system"
 SERVICE = "edgegpu-extender"
@@ -289,6 +290,15 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
                      for r in cells)  # fmt: skip
 
 
+_COLUMNS = {
+    column: tuple(f.name for f in GPU_FIELDS if f.kubectl == column)
+    for column in dict.fromkeys(f.kubectl for f in GPU_FIELDS if f.kubectl)
+}
+"""The reading columns of ``nodes`` as the field table names them, in its order: each header
+and the readings it shows, ``/`` between them."""
+_SHOWN = tuple(k for keys in _COLUMNS.values() for k in keys)
+
+
 def nodes(c: Cluster) -> tuple[list[dict[str, Any]], str]:
     """Per node and GPU (rows, and the table)."""
     known = c.extender("GET", "debug/nodes")["nodes"]
@@ -302,23 +312,22 @@ def nodes(c: Cluster) -> tuple[list[dict[str, Any]], str]:
         for g in n.get("gpus") or []:
             state = "stale" if n.get("stale") else "hot" if g.get("hot") else (
                 "cooling" if g.get("cool_down_until") else "ok")  # fmt: skip
-            power = f"{_n(g.get('power_w'))}/{_n(g.get('power_limit_w'))}"
             blocks = (
                 "whole"
                 if g.get("held_whole")
                 else f"{g.get('free_blocks')}/{g.get('allocated_blocks')}"
             )
             row = {"node": n["node"], "gpu": g["index"], "model": g.get("model"),
-                   "vendor": g.get("vendor"), "temperature_c": g.get("temperature_c"),
-                   "power_w": g.get("power_w"), "power_limit_w": g.get("power_limit_w"),
+                   "vendor": g.get("vendor"), **{k: g.get(k) for k in _SHOWN},
                    "free_blocks": g.get("free_blocks"), "held_blocks": g.get("allocated_blocks"),
                    "health": g.get("health"), "health_reasons": g.get("health_reasons") or [],
                    "state": state, "remediation": remediation}  # fmt: skip
             rows.append(row)
-            table.append([n["node"], g["index"], g.get("model"), _n(g.get("temperature_c")), power,
-                          blocks, g.get("health"), state, remediation])  # fmt: skip
-    headers = ["NODE", "GPU", "MODEL", "TEMP°C", "POWER/LIMIT W", "BLOCKS FREE/HELD", "HEALTH",
-               "STATE", "REMEDIATION"]  # fmt: skip
+            readings = ["/".join(_n(g.get(k)) for k in keys) for keys in _COLUMNS.values()]
+            table.append([n["node"], g["index"], g.get("model"), *readings, blocks, g.get("health"),
+                          state, remediation])  # fmt: skip
+    headers = ["NODE", "GPU", "MODEL", *_COLUMNS, "BLOCKS FREE/HELD", "HEALTH", "STATE",
+               "REMEDIATION"]  # fmt: skip
     return rows, _table(table, headers)
 
 

@@ -16,7 +16,7 @@ shared). JSON is the same either way.
 
 A ``Digest`` is what the extender's table and ledgers take from a report: its node, agent boot
 and sequence number, labels, and one row of floats per GPU. Imports msgspec, the standard
-library, numpy, ``domain``, ``fields`` and ``logs`` only.
+library, numpy, ``domain``, ``fields``, the generated ``readings_msgspec`` and ``logs`` only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from scheduler_extender.domain import (
 )
 from scheduler_extender.logs import CONTROL_CHARACTERS
 from scheduler_extender.telemetry.fields import GPU_FIELDS
+from scheduler_extender.telemetry.readings_msgspec import GpuReadings
 
 _REASON = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z0-9_.:/-]+$")]
 
@@ -59,10 +60,6 @@ _NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 _Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
 _Celsius = Annotated[float, msgspec.Meta(ge=-60, le=200)]
-_Watts = Annotated[float, msgspec.Meta(ge=0, le=10_000)]
-_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
-_MiB = Annotated[float, msgspec.Meta(ge=0, le=16_777_216)]
-_MHz = Annotated[float, msgspec.Meta(ge=0, le=100_000)]
 
 
 class AgentInfo(msgspec.Struct, frozen=True, gc=False):
@@ -92,21 +89,17 @@ class GpuProcess(msgspec.Struct, frozen=True, gc=False):
     used_mib: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
-class GpuReport(msgspec.Struct, frozen=True, gc=False):
-    """One GPU at one moment."""
+class GpuReport(GpuReadings, frozen=True, gc=False):
+    """One GPU at one moment.
+
+    Its readings are the reported fields of ``fields.GPU_FIELDS``, inherited from the module
+    ``make generate`` writes from that table (keyword-only: they follow the fields here).
+    """
 
     index: Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS_PER_NODE)]
     uuid: Annotated[str, _text(128, min_length=1)]
     model: Annotated[str, _text(128)] | None = None
     vendor: Annotated[str, _text(32)] | None = None
-    temperature_c: _Celsius | None = None
-    power_w: _Watts | None = None
-    power_limit_w: _Watts | None = None
-    utilization_pct: _Percent | None = None
-    memory_total_mib: _MiB | None = None
-    memory_used_mib: _MiB | None = None
-    sm_clock_mhz: _MHz | None = None
-    sm_clock_max_mhz: _MHz | None = None
     throttle_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
     ecc_uncorrected: _NonNegInt | None = None
     xid_last: _NonNegInt | None = None

@@ -1,9 +1,10 @@
 """The telemetry push contract ``edgegpu.io/telemetry/v1`` (DESIGN.md §3).
 
-Imported by both packages: it imports pydantic, the standard library, ``domain`` and ``logs``
-only, so that the node agent never loads the extender's web stack. Units are in the field names;
-a field the backend cannot read is ``None``, never a made-up number. Every name and id a report
-carries is text: a control character in one (``logs.CONTROL_CHARACTERS``) refuses the report.
+Imported by both packages: it imports pydantic, the standard library, ``domain``, ``logs`` and
+the generated ``readings`` only, so that the node agent never loads the extender's web stack.
+Units are in the field names; a field the backend cannot read is ``None``, never a made-up
+number. Every name and id a report carries is text: a control character in one
+(``logs.CONTROL_CHARACTERS``) refuses the report.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from scheduler_extender.domain import (
     duplicate_holder,
 )
 from scheduler_extender.logs import CONTROL_CHARACTERS
+from scheduler_extender.telemetry.readings import GpuReadings
 
 SCHEMA = "edgegpu.io/telemetry/v1"
 
@@ -72,7 +74,10 @@ class GpuProcess(_Model):
     used_mib: Annotated[float, Field(ge=0)] | None = None
 
 
-class GpuReport(_Model):
+# The readings are the reported fields of ``fields.GPU_FIELDS``, inherited from the module
+# ``make generate`` writes from that table. The docstring is the OpenAPI page's description of
+# a GPU.
+class GpuReport(_Model, GpuReadings):
     """One GPU at one moment."""
 
     index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]
@@ -81,14 +86,6 @@ class GpuReport(_Model):
     """As the driver names it (``Tesla T4``); any unicode but control characters."""
     vendor: Annotated[str, Field(max_length=32, pattern=TEXT_PATTERN)] | None = None
     """``nvidia``, ``amd`` or ``intel``."""
-    temperature_c: Annotated[float, Field(ge=-60, le=200)] | None = None
-    power_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
-    power_limit_w: Annotated[float, Field(ge=0, le=10_000)] | None = None
-    utilization_pct: Annotated[float, Field(ge=0, le=100)] | None = None
-    memory_total_mib: Annotated[float, Field(ge=0, le=16_777_216)] | None = None
-    memory_used_mib: Annotated[float, Field(ge=0, le=16_777_216)] | None = None
-    sm_clock_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
-    sm_clock_max_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
     throttle_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(
         default_factory=list
     )

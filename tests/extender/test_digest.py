@@ -11,12 +11,25 @@ from hypothesis import given, settings, strategies as st
 from scheduler_extender.domain import Health
 from scheduler_extender.names import RACK_LABEL
 from scheduler_extender.telemetry.decode import report_from
-from scheduler_extender.telemetry.fields import GPU_FIELDS
+from scheduler_extender.telemetry.fields import GPU_FIELDS, REPORTED, GpuField
 from scheduler_extender.telemetry.report import DIGEST_COLUMNS, digest
 from tests.builders import gpu, report
 
 REASONS = ["gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "sync_boost"]
-readings = st.one_of(st.none(), st.floats(0, 150, allow_nan=False))
+
+
+def reading(field: GpuField) -> st.SearchStrategy[float | int | None]:
+    """Any value the contract takes for one reading of the field table, or none."""
+    if field.type == "int":
+        values: st.SearchStrategy[Any] = st.integers(
+            None if field.ge is None else math.ceil(field.ge),
+            None if field.le is None else math.floor(field.le),
+        )
+    else:
+        values = st.floats(field.ge, field.le, allow_nan=False, allow_infinity=False)
+    return st.one_of(st.none(), values)
+
+
 processes = st.lists(
     st.fixed_dictionaries(
         {"pid": st.integers(1, 99)},
@@ -31,17 +44,13 @@ processes = st.lists(
 
 @st.composite
 def documents(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid report: readings known or not, any health, processes with and without pods."""
+    """A valid report: every reading of the field table known or not, any health, processes
+    with and without pods."""
     indices = draw(st.lists(st.integers(0, 7), min_size=0, max_size=4, unique=True))
     gpus = [
         gpu(
             i,
-            temperature_c=draw(readings),
-            power_w=draw(readings),
-            power_limit_w=draw(readings),
-            utilization_pct=draw(st.one_of(st.none(), st.floats(0, 100, allow_nan=False))),
-            memory_total_mib=draw(readings),
-            memory_used_mib=draw(readings),
+            **{f.name: draw(reading(f)) for f in REPORTED},
             health=draw(st.sampled_from(["healthy", "degraded", "unhealthy"])),
             processes=draw(processes),
             uuid=f"GPU-{i}-{draw(st.integers(0, 1))}",

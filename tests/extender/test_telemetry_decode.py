@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from scheduler_extender.policy.rules.thermal import ThermalArgs
 from scheduler_extender.telemetry import decode, schema
+from scheduler_extender.telemetry.fields import REPORTED
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
 from tests.strategies import holder_names
@@ -52,6 +53,39 @@ def test_both_definitions_have_the_same_fields_and_defaults(model, struct):
                 default = msgspec.structs.asdict(decode.NodeHealth(**default.model_dump()))
                 mine = msgspec.structs.asdict(mine)
             assert mine == default, name
+
+
+def _number_schema(prop):
+    """The number branch of a ``<number> | None`` property of a JSON schema, its bounds only."""
+    (branch,) = [b for b in prop["anyOf"] if b.get("type") != "null"]
+    return {k: branch[k] for k in ("type", "minimum", "maximum") if k in branch}
+
+
+def test_both_definitions_bound_every_reading_as_the_field_table_says():
+    """The pydantic and msgspec reading fields are generated from one table: the same bounds."""
+    contract = schema.GpuReport.model_json_schema()["properties"]
+    hot = msgspec.json.schema_components([decode.GpuReport])[1]["GpuReport"]
+    for field in REPORTED:
+        want = {"type": {"float": "number", "int": "integer"}[field.type]}
+        want |= {k: v for k, v in (("minimum", field.ge), ("maximum", field.le)) if v is not None}
+        assert _number_schema(contract[field.name]) == want, field.name
+        assert _number_schema(hot["properties"][field.name]) == want, field.name
+        assert contract[field.name]["default"] is None
+        assert hot["properties"][field.name]["default"] is None
+
+
+@pytest.mark.parametrize("field", REPORTED, ids=lambda f: f.name)
+def test_both_definitions_refuse_a_reading_just_outside_its_bounds(field):
+    for bound, step in ((field.ge, -1), (field.le, 1)):
+        if bound is None:
+            continue
+        doc = report("n1", [gpu(0, **{field.name: bound}), gpu(1, **{field.name: bound + step})])
+        body = orjson.dumps(doc)
+        with pytest.raises(ValidationError):
+            schema.TelemetryReport.model_validate_json(body)
+        with pytest.raises(decode.ReportError) as err:
+            decode.decode_report(body)
+        assert [p["loc"] for p in err.value.problems] == [f"gpus.1.{field.name}"]
 
 
 def _variants():
