@@ -14,7 +14,7 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
-from scheduler_extender.domain import Assignment
+from scheduler_extender.domain import Assignment, QosClass
 
 
 @dataclass(slots=True)
@@ -55,6 +55,12 @@ class Allocations:
     def holds_gpus(self, node: str) -> bool:
         """Whether any pod holds GPUs of the node."""
         return bool(self._by_node.get(node))
+
+    def gpus_held(self, node: str, qos: QosClass) -> list[int]:
+        """GPU indices of a node that pods of class ``qos`` or above hold, sorted."""
+        if not self.holds_gpus(node):
+            return []
+        return sorted({i for a in self.on_node(node) if a.qos >= qos for i in a.gpu_indices})
 
     def nodes_of_group(self, group: str) -> set[str]:
         """Nodes where pods of a job group hold GPUs."""

@@ -2,7 +2,8 @@
 
 Rows are written when telemetry or assignments change; a request only gathers rows, so a verb
 over 5,000 nodes is a few numpy take operations, not 5,000 objects. Row 0 is a blank row that
-stands in for nodes nobody has heard of. Imports numpy, ``fields`` and the policy.
+stands in for nodes nobody has heard of; ``columns`` says which columns there are. Imports
+numpy, ``fields``, the policy and ``state.columns``.
 """
 
 from __future__ import annotations
@@ -16,40 +17,9 @@ import numpy.typing as npt
 
 from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.rules import thermal
+from scheduler_extender.state import columns
+from scheduler_extender.state.columns import ALL_COLUMNS, AS_GATHERED, GPU_FLOAT
 from scheduler_extender.telemetry.fields import KEPT
-
-_NODE_FLOAT = (
-    "received_at",
-    "interval_s",
-    "free_blocks",
-    "idle_gpus",
-    "host_cpu_free",
-    "host_memory_free",
-)
-_NODE_BOOL = ("known", "driver_ok", "rdma")
-_GPU_FLOAT = (*KEPT, "unaccounted_used_mib", "below_since")
-"""The per-GPU float columns (one block in memory: a push writes them in one go)."""
-GPU_REPORT_COLUMNS = ("index", *_GPU_FLOAT, "hot", "health")
-"""What ``write_node`` takes per reported GPU, in this order, as one float array."""
-_GPU_BOOL = ("present", "hot", "whole_taken")
-
-
-_AS_GATHERED = (
-    "known",
-    "interval_s",
-    "driver_ok",
-    "present",
-    "health",
-    "allocated_blocks",
-    "lent_blocks",
-    "borrowed_blocks",
-    "whole_taken",
-    "rack",
-    "rdma",
-    "host_cpu_free",
-    "host_memory_free",
-)
-"""Columns a ``NodeBatch`` takes as they are, besides the per-GPU readings."""
 
 
 def _take(column: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
@@ -74,56 +44,23 @@ class NodeTable:
         self._rows = max(rows, 2)
         self._gpus = max(gpus, 1)
         self._cols: dict[str, npt.NDArray[Any]] = {}
-        self._floats = np.zeros((0, 0, len(_GPU_FLOAT)))
+        self._floats = np.zeros((0, 0, len(GPU_FLOAT)))
         """(rows, GPUs, float columns): the per-GPU float columns are views of it."""
         self._alloc(self._rows, self._gpus)
 
     # -- layout -----------------------------------------------------------------------------
-    def _blank(self, name: str, rows: int, gpus: int) -> npt.NDArray[Any]:
-        if name in _NODE_FLOAT:
-            return np.full(rows, np.nan)
-        if name in _NODE_BOOL:
-            return np.zeros(rows, dtype=np.bool_)
-        if name == "rack":
-            return np.full(rows, -1, dtype=np.int64)
-        if name == "version":
-            return np.zeros(rows, dtype=np.int64)
-        if name in _GPU_FLOAT:
-            return np.full((rows, gpus), np.nan)
-        if name in _GPU_BOOL:
-            return np.zeros((rows, gpus), dtype=np.bool_)
-        if name == "health":
-            return np.zeros((rows, gpus), dtype=np.int8)
-        if name in ("allocated_blocks", "lent_blocks", "borrowed_blocks"):
-            return np.zeros((rows, gpus), dtype=np.int64)
-        raise KeyError(name)
-
-    def _all_columns(self) -> tuple[str, ...]:
-        return (
-            *_NODE_FLOAT,
-            *_NODE_BOOL,
-            "rack",
-            "version",
-            *_GPU_FLOAT,
-            *_GPU_BOOL,
-            "health",
-            "allocated_blocks",
-            "lent_blocks",
-            "borrowed_blocks",
-        )
-
     def _alloc(self, rows: int, gpus: int) -> None:
         old = self._cols
         new: dict[str, npt.NDArray[Any]] = {}
-        floats = np.full((rows, gpus, len(_GPU_FLOAT)), np.nan)
+        floats = np.full((rows, gpus, len(GPU_FLOAT)), np.nan)
         was = self._floats
         floats[: was.shape[0], : was.shape[1]] = was
         self._floats = floats
-        for name in self._all_columns():
-            if name in _GPU_FLOAT:
-                new[name] = floats[:, :, _GPU_FLOAT.index(name)]
+        for name in ALL_COLUMNS:
+            if name in GPU_FLOAT:
+                new[name] = floats[:, :, GPU_FLOAT.index(name)]
                 continue
-            col = self._blank(name, rows, gpus)
+            col = columns.blank(name, rows, gpus)
             if name in old:
                 prev = old[name]
                 if prev.ndim == 1:
@@ -252,8 +189,8 @@ class NodeTable:
         if blank is not None:
             self._floats[rows, blank] = np.nan
             for name in ("present", "hot", "health"):
-                c[name][rows, blank] = self._blank(name, 1, 1)[0, 0]
-        self._floats[rows, at] = gpus[..., 1 : 1 + len(_GPU_FLOAT)]
+                c[name][rows, blank] = columns.blank(name, 1, 1)[0, 0]
+        self._floats[rows, at] = gpus[..., 1 : 1 + len(GPU_FLOAT)]
         c["present"][rows, at] = True
         c["hot"][rows, at] = gpus[..., -2] > 0
         c["health"][rows, at] = gpus[..., -1]
@@ -385,8 +322,8 @@ class NodeTable:
         row = self._index.pop(node, None)
         if row is None:
             return
-        for name in self._all_columns():
-            self._cols[name][row] = self._blank(name, 1, self._gpus)[0]
+        for name in ALL_COLUMNS:
+            self._cols[name][row] = columns.blank(name, 1, self._gpus)[0]
         self._names[row] = None
         self._free_rows.append(row)
         self._touch(row)
@@ -415,9 +352,9 @@ class NodeTable:
         """The batch the policy decides on, for the given rows."""
         c = self._cols
         floats = _take(self._floats, rows)  # one take of the block, then a view per column
-        per_gpu = {name: floats[:, :, k] for k, name in enumerate(_GPU_FLOAT)}
+        per_gpu = {name: floats[:, :, k] for k, name in enumerate(GPU_FLOAT)}
         return NodeBatch(
-            **{name: _take(c[name], rows) for name in _AS_GATHERED},
+            **{name: _take(c[name], rows) for name in AS_GATHERED},
             readings={name: per_gpu[name] for name in KEPT},
             unaccounted_used_mib=per_gpu["unaccounted_used_mib"],
             age_s=now - _take(c["received_at"], rows),

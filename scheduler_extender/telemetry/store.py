@@ -6,6 +6,7 @@ Imports the report structs and ``policy.thermal`` (the hysteresis step is a poli
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -41,6 +42,12 @@ class NodeRecord(msgspec.Struct, gc=False):
     """The full report, as ``/debug/nodes/{name}`` shows it."""
     thermal: dict[str, thermal.ThermalState] = msgspec.field(default_factory=dict)
     """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
+
+    def gpu_uuids(self, indices: Sequence[int]) -> tuple[str, ...]:
+        """UUIDs of the node's GPUs by index ('' for an index the report does not have)."""
+        d = self.digest
+        by_index = dict(zip(map(int, d.column("index")), d.uuids, strict=True))
+        return tuple(by_index.get(i, "") for i in indices)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from scheduler_extender.names import RACK_LABEL, RDMA_LABEL
 from scheduler_extender.state.cluster import ClusterState
-from scheduler_extender.state.table import GPU_REPORT_COLUMNS, NodeTable
+from scheduler_extender.state.columns import GPU_REPORT_COLUMNS
+from scheduler_extender.state.table import NodeTable
 from scheduler_extender.telemetry.clock import FakeClock
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report
