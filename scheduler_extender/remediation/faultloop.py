@@ -46,9 +46,6 @@ from scheduler_extender.state.cluster import ClusterState
 
 log = logging.getLogger("scheduler_extender.remediation")
 
-DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
-"""Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
-
 _NEXT = {
     Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap allows)",
     Phase.DRAINING: "evict the pods on the faulty GPUs, then ask for a self-test",
@@ -116,15 +113,13 @@ class FaultLoop:
 
     def _boot(self, node: str) -> str | None:
         """The node's boot as its agent reports it: the host's, else the agent's own."""
-        store = self.state.store.get(node)
-        if store is None:
-            return None
-        return store.report.host_boot_id or store.digest.boot_id
+        status = self.state.node_status(node)
+        return None if status is None else status.boot
 
     # -- observing -----------------------------------------------------------------------------
     def observe(self, name: str, node: JsonDict, args: RemediationArgs) -> Observation:
         """The node now: its faults (from its agent, or unreachable long enough), pods, verdicts."""
-        store = self.state.store.get(name)
+        record = self.state.store.get(name)
         spec = self.state.policy.spec
         now = self.state.clock.monotonic()
         faults: list[str] = []
@@ -132,22 +127,20 @@ class FaultLoop:
         verdict = boot = None
         cooling = False
         silent = True
-        if store is not None:
-            report = store.report
-            for g in report.gpus:
-                if g.health == "unhealthy":
-                    reasons = [r for r in g.health_reasons if r not in DEGRADED_REASONS]
-                    faults += [f"gpu{g.index}:{r}" for r in reasons or ("unhealthy",)]
-                    gpus.add(g.index)
-            silent = now - store.received_at > spec.stale_telemetry.stale_after_s(report.interval_s)
-            if report.self_test is not None:
-                verdict = (report.self_test.id, report.self_test.verdict)
-            boot = self._boot(name)
+        if record is not None:
+            status = record.status
+            for fault in status.faults:
+                faults += [f"gpu{fault.index}:{r}" for r in fault.reasons]
+                gpus.add(fault.index)
+            interval = record.digest.interval_s
+            silent = now - record.received_at > spec.stale_telemetry.stale_after_s(interval)
+            verdict = status.self_test
+            boot = status.boot
             cool_down = spec.thermal_throttling.cool_down_s
             cooling = any(
                 st.hot_since is not None
                 or (st.below_since is not None and now < st.below_since + cool_down)
-                for st in store.thermal.values()
+                for st in record.thermal.values()
             )
         conditions = (node.get("status") or {}).get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

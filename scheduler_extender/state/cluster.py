@@ -36,7 +36,7 @@ from scheduler_extender.state.unlisted import MAX_UNLISTED_NODES, Unlisted
 from scheduler_extender.state.verdicts import VerdictCache
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
-from scheduler_extender.telemetry.store import PutResult, Received, TelemetryStore
+from scheduler_extender.telemetry.store import NodeStatus, PutResult, Received, TelemetryStore
 
 SWEEP_EVERY_S = 10.0
 """How often silent unlisted nodes are looked for (at a push or a metrics scrape)."""
@@ -331,6 +331,11 @@ class ClusterState:
     def performance_gpus(self, node: str) -> list[int]:
         """GPU indices of a node that hold training or realtime pods (kept at full clocks)."""
         return self.allocations.gpus_held(node, QosClass.TRAINING)
+
+    def node_status(self, node: str) -> NodeStatus | None:
+        """The node's faults, self-test verdict and boots as its last report says (None: none)."""
+        record = self.store.get(node)
+        return record.status if record else None
 
     def gpu_uuids(self, node: str, indices: Sequence[int]) -> tuple[str, ...]:
         """UUIDs of a node's GPUs by index, from its last report ('' when unknown)."""

@@ -1,6 +1,9 @@
 """The latest report of every node, with report ordering and per-GPU thermal hysteresis.
 
-Imports the report structs and ``policy.thermal`` (the hysteresis step is a policy rule); no web.
+Each record also holds the node's status as remediation reads it (``NodeStatus``): the GPU
+faults, the self-test verdict and the boot ids, worked out once when the report is taken, so
+that no reader judges a report's strings again. Imports the report structs and
+``policy.thermal`` (the hysteresis step is a policy rule); no web.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
@@ -27,6 +31,59 @@ class Received(msgspec.Struct, frozen=True, gc=False):
         return cls(digest(report), report=report)
 
 
+DEGRADED_REASONS = frozenset({"temp:over-max", "throttle:hw-slowdown", "cuda:ctx-flaky"})
+"""Reasons the agent gives at the ``degraded`` level: not faults, even on an unhealthy GPU."""
+
+
+class GpuFault(msgspec.Struct, frozen=True, gc=False):
+    """A GPU its agent reports unhealthy: a fault for remediation."""
+
+    index: int
+    reasons: tuple[str, ...]
+    """Its health reasons but the degraded ones (``DEGRADED_REASONS``); ``("unhealthy",)`` when
+    none is left."""
+
+
+class NodeStatus(msgspec.Struct, frozen=True, gc=False):
+    """A node's health, self-test verdict and boots, as its last report says (``status_of``)."""
+
+    faults: tuple[GpuFault, ...] = ()
+    """Unhealthy GPUs, in report order."""
+    degraded: tuple[int, ...] = ()
+    """Indices of the GPUs reported degraded: not faults (the filter judges them)."""
+    self_test: tuple[str, Literal["pass", "fail"]] | None = None
+    """(request id, verdict) of the last self-test the agent reported."""
+    agent_boot: str = ""
+    """The agent's own boot id (a new one: the agent restarted)."""
+    host_boot: str | None = None
+    """The host's boot id, where the agent reads it."""
+
+    @property
+    def boot(self) -> str:
+        """The node's boot: the host's, else the agent's own."""
+        return self.host_boot or self.agent_boot
+
+
+def status_of(report: TelemetryReport) -> NodeStatus:
+    """The status a report gives its node: its GPUs' health classified, its verdict, its boots."""
+    faults: list[GpuFault] = []
+    degraded: list[int] = []
+    for g in report.gpus:
+        if g.health == "unhealthy":
+            reasons = tuple(r for r in g.health_reasons if r not in DEGRADED_REASONS)
+            faults.append(GpuFault(g.index, reasons or ("unhealthy",)))
+        elif g.health == "degraded":
+            degraded.append(g.index)
+    test = report.self_test
+    return NodeStatus(
+        faults=tuple(faults),
+        degraded=tuple(degraded),
+        self_test=None if test is None else (test.id, test.verdict),
+        agent_boot=report.agent.boot_id,
+        host_boot=report.host_boot_id,
+    )
+
+
 class NodeRecord(msgspec.Struct, gc=False):
     """What the extender knows of one node from its agent.
 
@@ -40,6 +97,8 @@ class NodeRecord(msgspec.Struct, gc=False):
     received_wall: float
     report: TelemetryReport
     """The full report, as ``/debug/nodes/{name}`` shows it."""
+    status: NodeStatus
+    """The node's faults, self-test verdict and boots, from ``report`` (``status_of``)."""
     thermal: dict[str, thermal.ThermalState] = msgspec.field(default_factory=dict)
     """Hysteresis state per GPU uuid; a GPU that was never hot has none (``thermal.COOL``)."""
 
@@ -138,7 +197,9 @@ class TelemetryStore:
                     state.below_since is not None and now < state.below_since + args.cool_down_s
                 ):
                     new_states[uuid] = state  # left out of this report: kept
-        self._records[d.node] = NodeRecord(d, now, wall, push.report, new_states)
+        self._records[d.node] = NodeRecord(
+            d, now, wall, report, status_of(report), thermal=new_states
+        )
         return PutResult(True)
 
     def forget(self, node: str) -> None:
