@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 from websocket import ABNF
 
-from scheduler_extender.cli import kubectl
+from scheduler_extender.cli import kubectl, reach
 from tests.fakes.fake_kube import FakeKube
 from tests.k8s.test_tls_and_cli import self_signed, start, wait_up
 
@@ -115,12 +115,12 @@ class PortForwardServer:
         except OSError:
             pass
 
-    def forward(self) -> kubectl.PortForward:
+    def forward(self) -> reach.PortForward:
         """The plugin's own port-forward, through an API client that points here."""
         cfg = client.Configuration(host=self.url, api_key={"BearerToken": "reader-token"},
                                    api_key_prefix={"BearerToken": "Bearer"})  # fmt: skip
         here = client.ApiClient(cfg)
-        return lambda api, namespace, pod, port: kubectl.port_forward(here, namespace, pod, port)
+        return lambda api, namespace, pod, port: reach.port_forward(here, namespace, pod, port)
 
     def close(self) -> None:
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
