@@ -54,6 +54,11 @@ once; a pod whose allocation failed is failed, and its owner makes a new one).""
 OFFER_TTL_S = 30.0
 """How long a preferred allocation's match waits for its ``Allocate`` (kubelet sends it right
 after, for the same container)."""
+ADMITTING_S = 30.0
+"""How long after kubelet first lists a pod this plugin takes it for one being admitted: its
+admission asks for a preferred allocation and an allocation per container, each waiting on
+the extenders' assignments (``LOOKUP_TIMEOUT_S``, ``SETTLE_S``). A pod listed longer without
+blocks (its GPU on an init container, which kubelet's list leaves out) is not."""
 MAX_OFFERS = 64
 """Matches kept for the ``Allocate`` calls to come (kubelet admits one container at a time)."""
 MAX_REQUEST_IDS = 65_536
@@ -102,6 +107,8 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         self._claimed: dict[str, float] = {}
         self._offers: list[_Match] = []
         """Matches made by ``GetPreferredAllocation``, for the ``Allocate`` that follows."""
+        self._listed_since: dict[str, float] = {}
+        """When this plugin first saw kubelet list each pod it lists now."""
         self._given: dict[str, float] = {}
         """Devices given by an accepted ``Allocate``, and when (an init container's blocks
         are given again to the app container, with no preferred allocation before)."""
@@ -304,7 +311,10 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
         return found
 
     async def _holders(self) -> dict[str, int]:
-        return (await self._held() if self._held is not None else None) or {}
+        held = (await self._held() if self._held is not None else None) or {}
+        now = self._clock()
+        self._listed_since = {k: self._listed_since.get(k, now) for k in held}
+        return held
 
     def _match(self, assigned: list[Assigned] | None, size: int, held: dict[str, int]) -> _Match:
         """The oldest pending pod's container asking ``size`` blocks (``_claim``), or why none."""
@@ -323,10 +333,11 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> tuple[Assigned, int] | None:
         """The pending pod with a container asking ``size`` blocks, and that container.
 
-        The pod kubelet is admitting: the oldest of those it lists already (``held``), else
-        the oldest of all (kubelet's pod resources not known). Each container is matched once
-        (kubelet allocates per container, in order): not the ones matched here lately, nor the
-        first ``held[pod]`` block containers of a pod, which kubelet says hold blocks already.
+        The pod kubelet is admitting: the oldest of those it began to list lately (``held``,
+        ``ADMITTING_S``), else the oldest of all (kubelet's pod resources not known). Each
+        container is matched once (kubelet allocates per container, in order): not the ones
+        matched here lately, nor the first ``held[pod]`` block containers of a pod, which
+        kubelet says hold blocks already.
         """
         now = self._clock()
         self._claimed = {k: t for k, t in self._claimed.items() if now - t < CLAIM_TTL_S}
@@ -340,8 +351,13 @@ class BlockPlugin(api_pb2_grpc.DevicePluginServicer):
             and k >= held.get(f"{a.namespace}/{a.name}", 0)
         ]
         # kubelet lists a pod (PodResources) from the moment it starts admitting it: where it
-        # lists some of these, the one it admits now is among them.
-        admitting = [p for p in pending if f"{p[0].namespace}/{p[0].name}" in held]
+        # lists some of these, lately, the one it admits now is among them.
+        since = [self._listed_since.get(f"{a.namespace}/{a.name}") for a, _ in pending]
+        admitting = [
+            p
+            for p, t in zip(pending, since, strict=True)
+            if t is not None and now - t <= ADMITTING_S
+        ]
         pending = admitting or pending
         if not pending:
             return None

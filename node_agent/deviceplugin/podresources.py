@@ -87,6 +87,10 @@ def holders(socket: Path, resource: str) -> Held:
         pods = await listing()
         if pods is None:
             return None
-        return {f"{p.namespace}/{p.name}": len(p.containers) for p in pods}
+        out: dict[str, int] = {}
+        for p in pods:  # a pod going and its same-name successor: the one holding more
+            key = f"{p.namespace}/{p.name}"
+            out[key] = max(out.get(key, 0), len(p.containers))
+        return out
 
     return held

@@ -43,7 +43,7 @@ from scheduler_extender.policy.document import Policy, parse_policy
 from scheduler_extender.policy.qos import resolve_class
 from scheduler_extender.state.cluster import ClusterState
 
-log = logging.getLogger("scheduler_extender.k8s.sync")
+log = logging.getLogger("scheduler_extender.sync")
 
 _FINISHED = frozenset({"Succeeded", "Failed"})
 

@@ -457,6 +457,28 @@ async def test_the_pod_kubelet_admits_gets_its_gpu_though_an_older_pod_of_that_s
         assert gpu_of(pref.container_responses[0].deviceIDs[0]) == "GPU-a"
 
 
+async def test_a_pod_kubelet_has_listed_for_long_without_blocks_is_not_taken_for_the_one_admitted(
+    tmp_path: Path,
+) -> None:
+    # "stuck" holds its GPU on an init container (kubelet's list leaves those out) and stays
+    # Pending: listed without blocks long before "new" comes, it is not the pod admitted now.
+    lookup = _bound(Assigned("uid-1", "default", "stuck", "GPU-a", 1, 100.0, "Pending"),
+                    Assigned("uid-2", "default", "new", "GPU-b", 1, 200.0, "Pending"))  # fmt: skip
+    now = [1000.0]
+    kubelet = PodResources()
+    kubelet.pods[("default", "stuck")] = {"app": []}
+    socket = tmp_path / "pod-resources.sock"
+    async with kubelet.serving(socket):
+        plugin = BlockPlugin(lookup, lambda: 4096, clock=lambda: now[0],
+                             held=holders(socket, RESOURCE))  # fmt: skip
+        await plugin.update(GPUS)
+        await plugin.GetPreferredAllocation(_prefer(plugin, 3), Context())  # another admission
+        now[0] += 600.0
+        kubelet.pods[("default", "new")] = {"app": []}
+        pref = await plugin.GetPreferredAllocation(_prefer(plugin, 1), Context())
+        assert gpu_of(pref.container_responses[0].deviceIDs[0]) == "GPU-b"
+
+
 async def test_the_agent_reports_which_gpus_blocks_each_pod_holds_as_kubelet_says(
     tmp_path: Path,
 ) -> None:

@@ -49,7 +49,9 @@ type manager struct {
 	mu      sync.Mutex
 	plugins map[string]*plugin
 	// pod "ns/name" → container → resource → device IDs, as kubelet's checkpoint keeps them.
-	given  map[string]map[string]map[string][]string
+	given map[string]map[string]map[string][]string
+	// pods whose admission failed: kubelet no longer counts them active, nor lists them.
+	failed map[string]bool
 	out    *json.Encoder
 	outMu  sync.Mutex
 	server *grpc.Server
@@ -144,7 +146,9 @@ func (r *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRe
 	resp := &podresourcesapi.ListPodResourcesResponse{}
 	pods := make([]string, 0, len(r.m.given))
 	for pod := range r.m.given {
-		pods = append(pods, pod)
+		if !r.m.failed[pod] {
+			pods = append(pods, pod)
+		}
 	}
 	slices.Sort(pods)
 	for _, pod := range pods {
@@ -165,13 +169,16 @@ func (r *podResources) List(context.Context, *podresourcesapi.ListPodResourcesRe
 func (m *manager) allocate(resource string, size int, pod, container string) (out map[string]any) {
 	defer func() {
 		if out["event"] == "error" {
-			m.forgetIfEmpty(pod)
+			m.mu.Lock()
+			m.failed[pod] = true
+			m.mu.Unlock()
 		}
 	}()
 	m.mu.Lock()
 	p := m.plugins[resource]
 	// As kubelet's pod manager: the pod is listed (with no devices yet) from the start of its
 	// admission; a pod that fails it is no longer active, and no longer listed.
+	delete(m.failed, pod)
 	if m.given[pod] == nil {
 		m.given[pod] = map[string]map[string][]string{}
 	}
@@ -240,18 +247,6 @@ func (m *manager) allocate(resource string, size int, pod, container string) (ou
 	return map[string]any{"event": "allocated", "pod": pod, "devices": chosen, "envs": resp.ContainerResponses[0].Envs}
 }
 
-// forgetIfEmpty drops a pod that holds no device: its admission failed.
-func (m *manager) forgetIfEmpty(pod string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, byResource := range m.given[pod] {
-		if len(byResource) > 0 {
-			return
-		}
-	}
-	delete(m.given, pod)
-}
-
 // release frees the devices of a pod that is gone, as kubelet does once its containers ended.
 func (m *manager) release(pod string) map[string]any {
 	m.mu.Lock()
@@ -268,6 +263,7 @@ func (m *manager) release(pod string) map[string]any {
 		}
 	}
 	delete(m.given, pod)
+	delete(m.failed, pod)
 	return map[string]any{"event": "released", "pod": pod, "devices": freed}
 }
 
@@ -302,7 +298,7 @@ func runDeviceManager(args []string) int {
 		return 2
 	}
 	m := &manager{dir: *dir, plugins: map[string]*plugin{}, out: json.NewEncoder(os.Stdout),
-		given: map[string]map[string]map[string][]string{}}
+		given: map[string]map[string]map[string][]string{}, failed: map[string]bool{}}
 	if err := m.serve(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
