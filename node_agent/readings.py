@@ -21,3 +21,4 @@ class GpuReadings:
     memory_used_mib: float | None = None
     sm_clock_mhz: float | None = None
     sm_clock_max_mhz: float | None = None
+    fan_speed_pct: float | None = None

@@ -169,6 +169,7 @@ class NvmlBackend:
             mem = self._field(nv.nvmlDeviceGetMemoryInfo, h)
             sm = self._field(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
             sm_max = self._field(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
+            fan = self._field(nv.nvmlDeviceGetFanSpeed, h)  # NotSupported: no fan
             reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
                 nv.nvmlDeviceGetCurrentClocksThrottleReasons
             )
@@ -196,6 +197,7 @@ class NvmlBackend:
             memory_used_mib=mem.used / MIB if mem is not None else None,
             sm_clock_mhz=float(sm) if sm is not None else None,
             sm_clock_max_mhz=float(sm_max) if sm_max is not None else None,
+            fan_speed_pct=float(fan) if fan is not None else None,
             throttle_reasons=throttle_reasons(int(mask)) if mask is not None else (),
             ecc_uncorrected=int(ecc) if ecc is not None else None,
             processes=tuple(self._process(p) for p in procs or ()),

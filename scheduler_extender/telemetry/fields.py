@@ -160,6 +160,15 @@ GPU_FIELDS: Final = (
         debug="detail",
     ),
     GpuField(
+        "fan_speed_pct",
+        "GPU fan speed, 0 to 1 of its rated maximum (none on passively cooled boards).",
+        ge=0,
+        le=200,  # NVML: may exceed 100 % on some boards
+        metric="node_gpu_fan_speed_ratio",
+        scale=0.01,
+        debug="detail",
+    ),
+    GpuField(
         "slowdown",
         "1 while the GPU's clocks are held down for heat or a power brake (NVIDIA only).",
         metric="node_gpu_clock_slowdown",

@@ -22,3 +22,4 @@ class GpuReadings(BaseModel):
     memory_used_mib: Annotated[float, Field(ge=0, le=16_777_216)] | None = None
     sm_clock_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
     sm_clock_max_mhz: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    fan_speed_pct: Annotated[float, Field(ge=0, le=200)] | None = None

@@ -23,3 +23,4 @@ class GpuReadings(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     memory_used_mib: Annotated[float, msgspec.Meta(ge=0, le=16_777_216)] | None = None
     sm_clock_mhz: Annotated[float, msgspec.Meta(ge=0, le=100_000)] | None = None
     sm_clock_max_mhz: Annotated[float, msgspec.Meta(ge=0, le=100_000)] | None = None
+    fan_speed_pct: Annotated[float, msgspec.Meta(ge=0, le=200)] | None = None

@@ -48,6 +48,12 @@ def test_not_supported_fields_read_as_none_never_as_made_up_numbers():
     assert r.temperature_c == 45.0
 
 
+def test_the_fan_speed_is_read_where_the_board_has_a_fan():
+    b = backend(FakePynvml([FakeGpu(uuid="GPU-a", fan_pct=85), FakeGpu(uuid="GPU-b")]))
+    assert b.read(0).fan_speed_pct == 85.0
+    assert b.read(1).fan_speed_pct is None  # passively cooled: NVML has no fan to read
+
+
 def test_a_gpu_lost_mid_run_affects_that_gpu_only():
     fake = FakePynvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
     b = backend(fake)

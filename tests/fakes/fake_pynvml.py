@@ -65,6 +65,8 @@ class FakeGpu:
     mem_used: int = 1024 * 1024 * 1024
     sm_mhz: int = 1980
     sm_max_mhz: int = 1980
+    fan_pct: int | None = None
+    """None: a passively cooled board (NVML answers NotSupported)."""
     reasons_mask: int = 0
     ecc_uncorrected: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)
@@ -173,6 +175,12 @@ class FakePynvml:
 
     def nvmlDeviceGetMaxClockInfo(self, h: Any, clock: int) -> int:
         return self._gpu(h, "nvmlDeviceGetMaxClockInfo").sm_max_mhz
+
+    def nvmlDeviceGetFanSpeed(self, h: Any) -> int:
+        g = self._gpu(h, "nvmlDeviceGetFanSpeed")
+        if g.fan_pct is None:
+            self._raise("NOT_SUPPORTED")
+        return int(g.fan_pct)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons").reasons_mask
