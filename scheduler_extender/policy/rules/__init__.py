@@ -11,7 +11,15 @@ from __future__ import annotations
 from typing import Final
 
 from scheduler_extender.policy.base import Term
-from scheduler_extender.policy.rules import health, memory, power, thermal, throttle, topology
+from scheduler_extender.policy.rules import (
+    cooling,
+    health,
+    memory,
+    power,
+    thermal,
+    throttle,
+    topology,
+)
 
 REGISTRY: Final[tuple[Term, ...]] = (
     thermal.TERM,
@@ -20,6 +28,7 @@ REGISTRY: Final[tuple[Term, ...]] = (
     power.SAVING_TERM,
     health.TERM,
     throttle.TERM,
+    cooling.TERM,
     topology.TERM,
 )
 """Every score term, in the order explanations list them."""
