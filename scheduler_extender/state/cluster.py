@@ -22,7 +22,7 @@ from scheduler_extender.policy.batch import NodeBatch
 from scheduler_extender.policy.combine import Context, Evaluation, evaluate
 from scheduler_extender.policy.document import DEFAULT_POLICY, Policy
 from scheduler_extender.policy.rules.fragmentation import DemandMix
-from scheduler_extender.state import borrowing, lending as lending_rules, places, rows
+from scheduler_extender.state import borrowing, hysteresis, lending as lending_rules, places, rows
 from scheduler_extender.state.allocations import Allocations
 from scheduler_extender.state.corrections import Corrections
 from scheduler_extender.state.decide import Decision, decide
@@ -116,7 +116,8 @@ class ClusterState:
             if not (listed or bound_to_node or node in self.unlisted.nodes) and self._full():
                 results.append(self.unlisted.refuse(node))
                 continue
-            result = self.store.put(push, now, wall, thermal)
+            heat = hysteresis.advance(self.store.get(node), push, now, thermal)
+            result = self.store.put(push, now, wall, heat)
             results.append(result)
             if not result.accepted:
                 continue

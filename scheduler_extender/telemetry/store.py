@@ -1,14 +1,13 @@
-"""The latest report of every node, with report ordering and per-GPU thermal hysteresis.
+"""The latest report of every node, in report order, with what is worked out from it once.
 
-Each record also holds the node's status as remediation reads it (``NodeStatus``): the GPU
-faults, the self-test verdict and the boot ids, worked out once when the report is taken, so
-that no reader judges a report's strings again. Imports the report structs and
-``policy.thermal`` (the hysteresis step is a policy rule); no web.
+Each record holds the node's status as remediation reads it (``NodeStatus``: the GPU faults,
+the self-test verdict and the boot ids, so that no reader judges a report's strings again) and
+the thermal state of its GPUs that the state layer worked out (``state.hysteresis``). Imports
+the report structs and the type of ``policy.thermal``'s state; no web.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -137,16 +136,17 @@ class TelemetryStore:
         """Every node that has reported, sorted."""
         return sorted(self._records)
 
-    def put(self, push: Received, now: float, wall: float, args: thermal.ThermalArgs) -> PutResult:
+    def put(
+        self,
+        push: Received,
+        now: float,
+        wall: float,
+        heat: dict[str, thermal.ThermalState] | None = None,
+    ) -> PutResult:
         """Keep the report unless it is not newer than the last one of the same agent boot.
 
-        A new ``boot_id`` (agent restart) resets the ordering. Thermal state advances per GPU
-        uuid, so that a GPU keeps its cool-down across re-indexing; a GPU reported under a new
-        uuid at the index of one that was hot or cooling takes that one's state, and a GPU a
-        report leaves out keeps its state until its cool-down is over (neither a new uuid nor
-        a report without it ends a cool-down). A GPU this store has no state for (after the
-        extender's restart, or a report it missed) takes the agent's word for when it was last
-        hot (``hot_s_ago``, counted from no higher a temperature than ``maxTemp``).
+        A new ``boot_id`` (agent restart) resets the ordering. ``heat``: the thermal state of
+        the node's GPUs after this report (``state.hysteresis.advance``), kept with it.
         """
         d = push.digest
         previous = self._records.get(d.node)
@@ -154,51 +154,8 @@ class TelemetryStore:
             last = previous.digest
             if last.boot_id == d.boot_id and d.seq <= last.seq:
                 return PutResult(False, f"seq {d.seq} is not newer than {last.seq}")
-        states = previous.thermal if previous is not None else {}
-        new_states: dict[str, thermal.ThermalState] = {}
-        max_c = args.max_temp_c
-        temps = d.column("temperature_c")  # NaN: not read
-        report = push.report
-        threshold = report.hot_threshold_c
-        hints = (
-            {
-                g.uuid: g.hot_s_ago
-                for g in report.gpus
-                if g.hot_s_ago is not None and g.hot_s_ago < args.cool_down_s
-            }
-            if threshold is not None and threshold <= max_c
-            else {}
-        )
-        if states or hints or any(t >= max_c for t in temps):
-            was_at: dict[float, str] = {}
-            if states and previous is not None:
-                was_at = dict(
-                    zip(previous.digest.column("index"), previous.digest.uuids, strict=True)
-                )
-            taken: set[str] = set()
-            for uuid, index, temp in zip(d.uuids, d.column("index"), temps, strict=True):
-                state = states.get(uuid)
-                old = was_at.get(index)
-                if state is None and old is not None and old not in d.uuids:
-                    state = states.get(old)  # the same slot under a new uuid
-                    taken.add(old)
-                if state is None and uuid in hints:
-                    state = thermal.ThermalState(below_since=now - hints[uuid])  # ends, or not
-                state = state or thermal.COOL
-                if state is thermal.COOL and not temp >= max_c:
-                    continue  # never hot and not hot now: the step would keep it COOL
-                state = thermal.step(state, None if math.isnan(temp) else temp, now, args)
-                if state is not thermal.COOL:
-                    new_states[uuid] = state
-            for uuid, state in states.items():
-                if uuid in new_states or uuid in taken or uuid in d.uuids:
-                    continue
-                if state.hot_since is not None or (
-                    state.below_since is not None and now < state.below_since + args.cool_down_s
-                ):
-                    new_states[uuid] = state  # left out of this report: kept
         self._records[d.node] = NodeRecord(
-            d, now, wall, report, status_of(report), thermal=new_states
+            d, now, wall, push.report, status_of(push.report), thermal=heat or {}
         )
         return PutResult(True)
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from pydantic import ValidationError
 
 from scheduler_extender.policy.rules.thermal import ThermalArgs
+from scheduler_extender.state.hysteresis import advance
 from scheduler_extender.telemetry import decode, schema
 from scheduler_extender.telemetry.fields import REPORTED
 from scheduler_extender.telemetry.store import Received, TelemetryStore
@@ -280,7 +281,7 @@ def test_a_stored_report_is_not_walked_by_the_garbage_collector():
     store = TelemetryStore()
     args = ThermalArgs.model_validate({"maxTemp": 85})
     push = Received.of(decode.decode_report(orjson.dumps(doc)))
-    assert store.put(push, 1.0, 1.0, args).accepted
+    assert store.put(push, 1.0, 1.0, advance(None, push, 1.0, args)).accepted
     gc.collect()  # a tuple of untracked items leaves the collector's lists at its first pass
     record = store.get("n1")
     assert record is not None

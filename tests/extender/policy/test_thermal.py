@@ -6,6 +6,7 @@ from hypothesis import given, strategies as st
 
 from scheduler_extender.policy.rules import thermal
 from scheduler_extender.policy.rules.thermal import COOL, ThermalArgs, ThermalState
+from scheduler_extender.state.hysteresis import advance
 from scheduler_extender.telemetry.decode import report_from
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
@@ -106,15 +107,15 @@ def test_migration_is_needed_only_after_being_hot_longer_than_migrate_after():
     )
 )
 def test_the_store_keeps_the_same_states_as_stepping_every_gpu(readings: list[list[float | None]]):
-    # The store skips the step for a GPU that is COOL and below maxTemp and keeps no state for
-    # COOL GPUs; what it keeps must be what stepping every GPU from COOL would give.
+    # ``advance`` skips the step for a GPU that is COOL and below maxTemp and keeps no state for
+    # COOL GPUs; what the store keeps must be what stepping every GPU from COOL would give.
     store = TelemetryStore()
     stepped = {f"GPU-{i}": COOL for i in range(3)}
     for seq, temps in enumerate(readings, start=1):
         gpus = [gpu(i, temperature_c=t, uuid=f"GPU-{i}") for i, t in enumerate(temps)]
         now = float(seq * 10)
         push = Received.of(report_from(report("n", gpus, seq=seq)))
-        assert store.put(push, now, now, ARGS).accepted
+        assert store.put(push, now, now, advance(store.get("n"), push, now, ARGS)).accepted
         for i, t in enumerate(temps):
             stepped[f"GPU-{i}"] = thermal.step(stepped[f"GPU-{i}"], t, now, ARGS)
         record = store.get("n")

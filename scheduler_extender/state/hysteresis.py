@@ -1,0 +1,72 @@
+"""The thermal state of a node's GPUs after a report: the policy's hysteresis step per GPU.
+
+Worked out before the report is stored (``TelemetryStore.put`` keeps it with the report), so
+the store holds reports and the policy step stays in the state layer. Imports the policy's
+thermal rule and the telemetry store's record; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler_extender.policy.rules import thermal
+from scheduler_extender.telemetry.store import NodeRecord, Received
+
+
+def advance(
+    previous: NodeRecord | None, push: Received, now: float, args: thermal.ThermalArgs
+) -> dict[str, thermal.ThermalState]:
+    """Each GPU's state after ``push``, from the node's ``previous`` record.
+
+    State advances per GPU uuid, so that a GPU keeps its cool-down across re-indexing; a GPU
+    reported under a new uuid at the index of one that was hot or cooling takes that one's
+    state, and a GPU a report leaves out keeps its state until its cool-down is over (neither
+    a new uuid nor a report without it ends a cool-down). A GPU with no state (after the
+    extender's restart, or a report it missed) takes the agent's word for when it was last hot
+    (``hot_s_ago``, counted from no higher a temperature than ``maxTemp``). COOL GPUs are left
+    out.
+    """
+    d = push.digest
+    states = previous.thermal if previous is not None else {}
+    new_states: dict[str, thermal.ThermalState] = {}
+    max_c = args.max_temp_c
+    temps = d.column("temperature_c")  # NaN: not read
+    report = push.report
+    threshold = report.hot_threshold_c
+    hints = (
+        {
+            g.uuid: g.hot_s_ago
+            for g in report.gpus
+            if g.hot_s_ago is not None and g.hot_s_ago < args.cool_down_s
+        }
+        if threshold is not None and threshold <= max_c
+        else {}
+    )
+    if not (states or hints or any(t >= max_c for t in temps)):
+        return new_states
+    was_at: dict[float, str] = {}
+    if states and previous is not None:
+        was_at = dict(zip(previous.digest.column("index"), previous.digest.uuids, strict=True))
+    taken: set[str] = set()
+    for uuid, index, temp in zip(d.uuids, d.column("index"), temps, strict=True):
+        state = states.get(uuid)
+        old = was_at.get(index)
+        if state is None and old is not None and old not in d.uuids:
+            state = states.get(old)  # the same slot under a new uuid
+            taken.add(old)
+        if state is None and uuid in hints:
+            state = thermal.ThermalState(below_since=now - hints[uuid])  # ends, or not
+        state = state or thermal.COOL
+        if state is thermal.COOL and not temp >= max_c:
+            continue  # never hot and not hot now: the step would keep it COOL
+        state = thermal.step(state, None if math.isnan(temp) else temp, now, args)
+        if state is not thermal.COOL:
+            new_states[uuid] = state
+    for uuid, state in states.items():
+        if uuid in new_states or uuid in taken or uuid in d.uuids:
+            continue
+        if state.hot_since is not None or (
+            state.below_since is not None and now < state.below_since + args.cool_down_s
+        ):
+            new_states[uuid] = state  # left out of this report: kept
+    return new_states
