@@ -47,9 +47,7 @@ class NodeStatus(msgspec.Struct, frozen=True, gc=False):
     """A node's health, self-test verdict and boots, as its last report says (``status_of``)."""
 
     faults: tuple[GpuFault, ...] = ()
-    """Unhealthy GPUs, in report order."""
-    degraded: tuple[int, ...] = ()
-    """Indices of the GPUs reported degraded: not faults (the filter judges them)."""
+    """Unhealthy GPUs, in report order (a degraded GPU is no fault: the filter judges it)."""
     self_test: tuple[str, Literal["pass", "fail"]] | None = None
     """(request id, verdict) of the last self-test the agent reported."""
     agent_boot: str = ""
@@ -66,17 +64,13 @@ class NodeStatus(msgspec.Struct, frozen=True, gc=False):
 def status_of(report: TelemetryReport) -> NodeStatus:
     """The status a report gives its node: its GPUs' health classified, its verdict, its boots."""
     faults: list[GpuFault] = []
-    degraded: list[int] = []
     for g in report.gpus:
         if g.health == "unhealthy":
             reasons = tuple(r for r in g.health_reasons if r not in DEGRADED_REASONS)
             faults.append(GpuFault(g.index, reasons or ("unhealthy",)))
-        elif g.health == "degraded":
-            degraded.append(g.index)
     test = report.self_test
     return NodeStatus(
         faults=tuple(faults),
-        degraded=tuple(degraded),
         self_test=None if test is None else (test.id, test.verdict),
         agent_boot=report.agent.boot_id,
         host_boot=report.host_boot_id,

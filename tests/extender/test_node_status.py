@@ -20,7 +20,6 @@ def test_an_unhealthy_gpu_is_a_fault_for_its_reasons_but_the_degraded_ones() -> 
     )
     status = status_of(report_from(doc))
     assert status.faults == (GpuFault(1, ("xid:79",)), GpuFault(2, ("unhealthy",)))
-    assert status.degraded == (3,)
 
 
 def test_the_boot_is_the_hosts_else_the_agents_own() -> None:
