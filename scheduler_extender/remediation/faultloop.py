@@ -23,6 +23,7 @@ import orjson
 from scheduler_extender.domain import Assignment
 from scheduler_extender.k8s.client import JsonDict, KubeError
 from scheduler_extender.policy.remediation import RemediationArgs
+from scheduler_extender.policy.rules import thermal
 from scheduler_extender.remediation import marks
 from scheduler_extender.remediation.actuator import (
     Actuator,
@@ -136,10 +137,8 @@ class FaultLoop:
             silent = now - record.received_at > spec.stale_telemetry.stale_after_s(interval)
             verdict = status.self_test
             boot = status.boot
-            cool_down = spec.thermal_throttling.cool_down_s
             cooling = any(
-                st.hot_since is not None
-                or (st.below_since is not None and now < st.below_since + cool_down)
+                thermal.hot_or_cooling(st, now, spec.thermal_throttling)
                 for st in record.thermal.values()
             )
         conditions = (node.get("status") or {}).get("conditions") or []

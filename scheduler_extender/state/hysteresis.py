@@ -65,8 +65,6 @@ def advance(
     for uuid, state in states.items():
         if uuid in new_states or uuid in taken or uuid in d.uuids:
             continue
-        if state.hot_since is not None or (
-            state.below_since is not None and now < state.below_since + args.cool_down_s
-        ):
+        if thermal.hot_or_cooling(state, now, args):
             new_states[uuid] = state  # left out of this report: kept
     return new_states

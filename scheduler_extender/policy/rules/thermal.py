@@ -101,6 +101,13 @@ def excluded_until(hot: BoolArray, below_since: FloatArray, args: ThermalArgs) -
     return np.where(hot, np.inf, cooling)
 
 
+def hot_or_cooling(state: ThermalState, now: float, args: ThermalArgs) -> bool:
+    """Whether the GPU is hot, or still in its cool-down after being hot."""
+    return state.hot_since is not None or (
+        state.below_since is not None and now < state.below_since + args.cool_down_s
+    )
+
+
 def needs_migration(state: ThermalState, now: float, args: ThermalArgs) -> bool:
     """Whether the GPU has been hot for longer than ``migrateAfter``."""
     return state.hot_since is not None and now - state.hot_since > args.migrate_after_s
