@@ -129,7 +129,7 @@ def create_app(
             ctx.metrics,
             lambda for_s: elector is None or elector.holds(for_s),
             nodes=lambda: sync.nodes,
-            pods=lambda: sync.pods,
+            pods=lambda: sync.pods_by_uid,
             # A replica running its start-up policy beside a refused one acts on nothing.
             synced=lambda: sync.synced and not sync.policy_refused,
             identity=identity,

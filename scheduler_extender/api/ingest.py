@@ -228,10 +228,10 @@ async def assignments(
         return refused
     if ctx.sync is not None and not ctx.sync.synced:
         return _error(503, "the pod cache is not synced yet: ask another replica")
-    pods = ctx.sync.pods if ctx.sync is not None else {}
+    pods = ctx.sync.pods_by_uid if ctx.sync is not None else {}
     rows = []
     for a in ctx.state.allocations.on_node(node):
-        pod = pods.get((a.namespace, a.name)) or {}
+        pod = pods.get(a.pod_uid) or {}
         try:
             containers = [b for b in per_container(pod, MEM_BLOCK_RESOURCE, a.name) if b]
         except RequestError:

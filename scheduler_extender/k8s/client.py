@@ -8,11 +8,12 @@ blocking; callers run them in threads, never on the request path of the schedule
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -40,18 +41,38 @@ class Gone(KubeError):
     """The resourceVersion is too old (410): list again."""
 
 
-def _call(fn: Any, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
+class KubeTimeout(KubeError):
+    """No answer within the call's timeout (the server may or may not have acted)."""
+
+
+def _date(headers: Any, on_date: Callable[[str], None] | None) -> None:
+    if on_date is not None and headers is not None:
+        date = headers.get("Date")
+        if date:
+            on_date(str(date))
+
+
+def _call(
+    fn: Any,
+    *args: Any,
+    stream: bool = False,
+    on_date: Callable[[str], None] | None = None,
+    **kwargs: Any,
+) -> Any:
     """Call the API; the body is read and the connection given back to the pool.
 
     Unless ``stream`` (the caller reads and releases it): a connection never given back costs
-    the next call a new TLS handshake, on both sides.
+    the next call a new TLS handshake, on both sides. ``on_date`` is told every answer's
+    ``Date`` header, errors too.
     """
     try:
         resp = fn(*args, _preload_content=False, **kwargs)
+        _date(getattr(resp, "headers", None), on_date)
         if not stream:
             resp.data  # noqa: B018 - read to the end (kept on the response)
             resp.release_conn()
     except ApiException as exc:
+        _date(exc.headers, on_date)
         message = exc.reason or ""
         try:
             message = orjson.loads(exc.body or b"{}").get("message") or message
@@ -60,6 +81,12 @@ def _call(fn: Any, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         if exc.status == 410:
             raise Gone(410, message) from None
         raise KubeError(exc.status or 0, f"HTTP {exc.status}: {message}") from None
+    except (TimeoutError, urllib3.exceptions.TimeoutError) as exc:
+        raise KubeTimeout(0, f"{type(exc).__name__}: {exc}") from None
+    except urllib3.exceptions.MaxRetryError as exc:
+        if isinstance(exc.reason, urllib3.exceptions.TimeoutError):
+            raise KubeTimeout(0, f"{type(exc.reason).__name__}: {exc.reason}") from None
+        raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
     except Exception as exc:  # urllib3 connection errors and the like
         raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
     return resp
@@ -86,6 +113,9 @@ def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+LIST_PAGE = 500
+"""Objects per page of a list (``limit``/``continue``): no answer holds a whole large cluster."""
+
 REQUEST_TIMEOUT_S = 10.0
 """The longest any API call but a watch may take (the client's own default is none: a
 half-open connection would hang the caller for good)."""
@@ -94,24 +124,33 @@ half-open connection would hang the caller for good)."""
 class KubeApi:
     """The handful of resources edgegpu reads and writes.
 
-    Every call but a watch gives up after ``timeout_s`` (``KubeError`` with status 0).
+    Every call but a watch gives up after ``timeout_s`` (``KubeTimeout``, status 0).
+    ``on_date``, when given, is told the ``Date`` header of every answer (the server's clock).
     """
 
-    def __init__(self, api_client: client.ApiClient, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        on_date: Callable[[str], None] | None = None,
+    ) -> None:
         self.api_client = api_client
         self.timeout_s = timeout_s
+        self.on_date = on_date
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.authn = client.AuthenticationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
-    def with_timeout(self, timeout_s: float) -> KubeApi:
+    def with_timeout(
+        self, timeout_s: float, on_date: Callable[[str], None] | None = None
+    ) -> KubeApi:
         """The same client, whose calls give up after ``timeout_s``."""
-        return KubeApi(self.api_client, timeout_s)
+        return KubeApi(self.api_client, timeout_s, on_date or self.on_date)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", self.timeout_s)
-        return _call(fn, *args, **kwargs)
+        return _call(fn, *args, on_date=self.on_date, **kwargs)
 
     def _lister(self, resource: str) -> Any:
         if resource == "nodes":
@@ -126,12 +165,23 @@ class KubeApi:
             )
         raise ValueError(resource)
 
-    def list(self, resource: str) -> tuple[list[JsonDict], str]:
-        """Every object of a resource and the list's resourceVersion."""
+    def list(self, resource: str, page: int = LIST_PAGE) -> tuple[list[JsonDict], str]:
+        """Every object of a resource and the list's resourceVersion, ``page`` at a time.
+
+        The pages are one snapshot (the API server serves every continuation at the first
+        page's resourceVersion); an expired continuation is a ``Gone``: list again.
+        """
         fn, args = self._lister(resource)
-        # A full list of a large cluster takes longer than one object.
-        doc = orjson.loads(self._call(fn, *args, _request_timeout=max(self.timeout_s, 60.0)).data)
-        return doc.get("items") or [], str(doc.get("metadata", {}).get("resourceVersion", ""))
+        items: list[JsonDict] = []
+        token = ""
+        while True:
+            more: dict[str, Any] = {"_continue": token} if token else {}
+            doc = orjson.loads(self._call(fn, *args, limit=page, **more).data)
+            items += doc.get("items") or []
+            meta = doc.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
 
     def watch(self, resource: str, resource_version: str, timeout_s: int) -> Iterator[JsonDict]:
         """Watch events after ``resource_version`` (with bookmarks); Gone on 410."""
@@ -241,9 +291,16 @@ class KubeApi:
         status: JsonDict = doc.get("status") or {}
         return status
 
-    def create_event(self, namespace: str, event: JsonDict) -> None:
-        """Record a core/v1 Event."""
-        self._call(self.core.create_namespaced_event, namespace, event)
+    def create_event(self, namespace: str, event: JsonDict) -> str:
+        """Record a core/v1 Event; returns its name."""
+        doc = orjson.loads(self._call(self.core.create_namespaced_event, namespace, event).data)
+        return str((doc.get("metadata") or {}).get("name", ""))
+
+    def patch_event(self, namespace: str, name: str, patch: JsonDict) -> None:
+        """Merge-patch an Event (a repeat: its count, lastTimestamp and message)."""
+        self._call(
+            self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH
+        )
 
     def get_lease(self, namespace: str, name: str) -> JsonDict | None:
         """A Lease, or None when there is none."""
@@ -300,6 +357,27 @@ class KubeApi:
                 self.core.patch_namespaced_config_map, name, namespace, {"data": data},
                 _content_type=MERGE_PATCH,
             )  # fmt: skip
+
+    def write_config_map(
+        self, namespace: str, name: str, data: dict[str, str], resource_version: str | None
+    ) -> JsonDict:
+        """Create the ConfigMap (``resource_version`` None), or replace it at that version.
+
+        409 when someone else wrote it since (or created it first); 404 when it was deleted.
+        """
+        body: JsonDict = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": data,
+        }
+        if resource_version is None:
+            resp = self._call(self.core.create_namespaced_config_map, namespace, body)
+        else:
+            body["metadata"]["resourceVersion"] = resource_version
+            resp = self._call(self.core.replace_namespaced_config_map, name, namespace, body)
+        doc: JsonDict = orjson.loads(resp.data)
+        return doc
 
     def set_policy_status(self, name: str, status: JsonDict) -> None:
         """Write a GPUSchedulingPolicy's status subresource."""

@@ -130,6 +130,9 @@ class ClusterSync:
         self._on_policy = on_policy
         self.nodes: dict[str, JsonDict] = {}
         self.pods: dict[tuple[str, str], JsonDict] = {}
+        """Pods by (namespace, name): the one of that name the watch showed last."""
+        self.pods_by_uid: dict[str, JsonDict] = {}
+        """Pods by uid: what a decision about one pod reads (never its predecessor's object)."""
         self._ours: set[str] = set()
         """Pod uids whose assignment came from their annotations."""
         self.policy_errors: list[str] = []
@@ -219,25 +222,30 @@ class ClusterSync:
         }
 
     def _replace_pods(self, items: list[JsonDict]) -> None:
-        keep = {str(p["metadata"].get("uid")) for p in items}
-        for pod in list(self.pods.values()):
-            if str(pod["metadata"].get("uid")) not in keep:
+        keep = {_pod_uid(p) for p in items}
+        for pod in list(self.pods_by_uid.values()):
+            if _pod_uid(pod) not in keep:
                 self._pod_event("DELETED", pod)
         for pod in items:
             self._pod_event("ADDED", pod)
         self._applied["pods"] = True
 
     def _pod_event(self, kind: str, pod: JsonDict) -> None:
-        meta = pod["metadata"]
-        key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
-        uid = str(meta.get("uid") or f"{key[0]}/{key[1]}")
+        key, uid = _pod_key(pod), _pod_uid(pod)
         if kind == "DELETED":
-            self.pods.pop(key, None)
+            if key in self.pods and _pod_uid(self.pods[key]) == uid:
+                self.pods.pop(key, None)  # not a successor that took the name already
+            self.pods_by_uid.pop(uid, None)
             self._ours.discard(uid)
             self.state.release(uid)  # a deleted pod frees its GPUs, assumed or not
             self.state.host_pod_gone(uid)
             return
+        old = self.pods.get(key)
+        if old is not None and _pod_uid(old) != uid:
+            # A name has one pod at a time: the one before is gone (its DELETED not seen yet).
+            self._pod_event("DELETED", old)
         self.pods[key] = pod
+        self.pods_by_uid[uid] = pod
         self._host_event(uid, pod)
         assignment = assignment_from_pod(pod, self.state)
         if assignment is not None:
@@ -350,3 +358,13 @@ class ClusterSync:
                 log.warning("cannot write the status of policy %s: %s", self.policy_name, exc)
 
         self.loop.run_in_executor(None, write)
+
+
+def _pod_key(pod: JsonDict) -> tuple[str, str]:
+    meta = pod["metadata"]
+    return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
+def _pod_uid(pod: JsonDict) -> str:
+    key = _pod_key(pod)
+    return str(pod["metadata"].get("uid") or f"{key[0]}/{key[1]}")

@@ -26,8 +26,8 @@ class RemediationArgs(ArgsModel):
         alias="maxUnavailablePercent",
         ge=0,
         le=100,
-        description="% of GPU nodes that remediation may hold cordoned at once (at least one "
-        "while above 0).",
+        description="% of GPU nodes (at least one while above 0) that the fault loop may work on "
+        "at once (draining to verifying); nodes handed to a human hold no place.",
     )
     confirm_after_s: Duration = Field(
         5.0,
@@ -45,8 +45,19 @@ class RemediationArgs(ArgsModel):
         alias="rebootTimeout",
         description="Wait this long for the node to come back after a reboot request (30m).",
     )
+    drain_timeout_s: Duration = Field(
+        1800.0,
+        alias="drainTimeout",
+        description="Wait this long for a drain to finish (pods a PodDisruptionBudget keeps) "
+        "before handing the node to a human (30m); also how long a lender waits on a borrower "
+        "its budget keeps before a Warning Event says so.",
+    )
     evictions_per_minute: int = Field(
-        60, alias="evictionsPerMinute", ge=1, description="Evictions across the cluster."
+        60,
+        alias="evictionsPerMinute",
+        ge=1,
+        description="Evictions across the cluster, counted in the circuit breaker's ConfigMap "
+        "so that a new leader goes on counting.",
     )
     paused: bool = Field(
         False,
@@ -82,6 +93,13 @@ class RemediationArgs(ArgsModel):
         description="% of GPU nodes (at least one) that may be cordoned within breakerWindow; "
         "one more trips the circuit breaker: no new cordon until an operator resets it by "
         "deleting the ConfigMap edgegpu-remediation-breaker (0: no breaker).",
+    )
+    breaker_evictions: int = Field(
+        100,
+        alias="breakerEvictions",
+        ge=0,
+        description="Evictions across the cluster, by every controller, within breakerWindow "
+        "before the circuit breaker trips (one more is not made; 0: no eviction limit).",
     )
     breaker_window_s: Duration = Field(
         3600.0,

@@ -1,34 +1,45 @@
-"""The one way remediation changes the cluster: fenced, bounded, rate-limited, opt-out aware.
+"""The one way remediation changes the cluster, and the one gate every action passes.
+
+``refusal`` is that gate: every eviction, cordon, self-test ask and reboot ask of every
+controller is refused while remediation is off or paused, while this replica does not lead, on
+a node that opted out, and (unless the action rests on the node's Ready condition instead)
+when the node's telemetry is older than the staleness bound. Evictions and cordons also spend
+the fleet-wide disruption budget (``Breaker``, kept in the API server).
 
 Every write is made only while this replica leads and will still lead when the write's timeout
 runs out (``leading``), so a replica that lost the Lease, or was frozen and woke up, changes
 nothing. Every call has a timeout: one that runs over is abandoned, logged and counted. Node
 writes carry the resourceVersion they were computed from; on a conflict the node is read again,
 and the write is retried only while what it was decided from is as it was (another writer's
-change wins: ``RecordChanged``). Imports ``k8s``, ``metrics`` and ``names``.
+change wins: ``RecordChanged``). Times are the API server's (``now``). Events repeat as
+kubectl's recorder does: one Event per object and reason, its count and lastTimestamp raised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from scheduler_extender.domain import Assignment
-from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
+from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError, KubeTimeout
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.remediation import RemediationArgs
 from scheduler_extender.remediation import marks
+from scheduler_extender.remediation.breaker import Breaker
 from scheduler_extender.remediation.marks import opted_out, stamp
-from scheduler_extender.telemetry.clock import Clock
+from scheduler_extender.telemetry.clock import Clock, ServerClock
 
 log = logging.getLogger("scheduler_extender.remediation")
 
 COMPONENT = "edgegpu-extender"
 CALL_TIMEOUT_S = 5.0
 """The longest one API call of remediation may take before it is abandoned."""
+EVENT_KEEP_S = 3600.0
+"""An Event repeated within this long is counted on the same Event (kubectl's recorder)."""
+EVICTED_KEEP_S = 120.0
+"""A pod evicted this recently is on its way out: no second eviction, by any controller."""
 
 
 class NotLeading(Exception):
@@ -55,20 +66,66 @@ class Actuator:
         leading: Callable[[float], bool],
         *,
         nodes: Callable[[], Mapping[str, JsonDict]] = dict,
+        fresh: Callable[[str], bool] = lambda _node: True,
         identity: str = COMPONENT,
         timeout_s: float = CALL_TIMEOUT_S,
+        namespace: str = "edgegpu-system",
     ) -> None:
-        self.kube = kube.with_timeout(timeout_s)
+        """``fresh(node)``: whether the node's telemetry is within the staleness bound.
+
+        ``namespace``: the extender's own, where the circuit breaker's ConfigMap lives.
+        """
+        self.server = ServerClock(clock)
+        self.kube = kube.with_timeout(timeout_s, on_date=self.server.observe)
         self.metrics = metrics
         self.clock = clock
         self.leading = leading
         """``leading(s)``: whether this replica leads now and still will ``s`` from now."""
         self.nodes = nodes
+        self.fresh = fresh
         self.identity = identity
         self.timeout_s = timeout_s
-        self._evictions: deque[float] = deque()
-        self._blocked: dict[tuple[str, str], tuple[int, float]] = {}
-        """Pods a PodDisruptionBudget (or an error) kept: (refusals in a row, next try)."""
+        self.breaker = Breaker(self, namespace)
+        self._blocked: dict[str, tuple[int, float]] = {}
+        """Pod uids a PodDisruptionBudget (or an error) kept: (refusals in a row, next try)."""
+        self._evicted: dict[str, float] = {}
+        """Pod uids evicted, and when (monotonic)."""
+        self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
+        """(namespace, kind, name, uid, reason, type) → (Event name, count, monotonic)."""
+
+    def now(self) -> float:
+        """Seconds since the epoch on the API server's clock (see ``ServerClock``)."""
+        return self.server.now()
+
+    async def sync_clock(self, namespace: str, name: str) -> None:
+        """Learn the API server's time (one read) when no answer has told it yet."""
+        if self.server.known:
+            return
+        try:
+            await self.read_config_map(namespace, name)
+        except KubeError as exc:
+            log.warning("remediation: the API server's time is not known yet: %s", exc)
+
+    # -- the gate ------------------------------------------------------------------------------
+    def refusal(self, node: str, args: RemediationArgs, *, fresh: bool = True) -> str | None:
+        """Why no action may be taken on ``node`` now (None: it may).
+
+        ``fresh``: the action rests on the node's telemetry, which must then be within the
+        staleness bound (an unreachable node's cordon rests on its Ready condition instead).
+        """
+        if not args.enabled:
+            return "disabled"
+        if args.paused:
+            return "paused"
+        if not self.leading(self.timeout_s):
+            return "not_leading"
+        if not self.server.known:
+            return "no_server_time"  # windows and deadlines need the API server's clock
+        if self.opted_out(node):
+            return "opted_out"
+        if fresh and not self.fresh(node):
+            return "stale"
+        return None
 
     # -- calls ---------------------------------------------------------------------------------
     async def _call(self, what: str, write: bool, fn: Callable[..., Any], *args: Any) -> Any:
@@ -86,8 +143,9 @@ class Actuator:
         if write and not self.leading(self.timeout_s):
             raise NotLeading(what)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fenced), self.timeout_s)
-        except TimeoutError:
+            # The client's own timeout is the same: whichever fires first, it is one timeout.
+            return await asyncio.wait_for(asyncio.to_thread(fenced), self.timeout_s + 0.5)
+        except (TimeoutError, KubeTimeout):
             log.error("remediation: %s took over %.0f s: abandoned", what, self.timeout_s)
             self.metrics.remediation_timeouts.labels(what.split(" ", 1)[0]).inc()
             raise KubeError(0, f"{what}: no answer in {self.timeout_s:g} s") from None
@@ -139,11 +197,15 @@ class Actuator:
         )
         return doc
 
-    async def write_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        """Create or update a ConfigMap of ours."""
-        await self._call(
-            f"put configmap {name}", True, self.kube.put_config_map, namespace, name, data
-        )
+    async def write_config_map(
+        self, namespace: str, name: str, data: dict[str, str], version: str | None
+    ) -> JsonDict:
+        """Create a ConfigMap of ours (``version`` None) or replace it at that resourceVersion."""
+        doc: JsonDict = await self._call(
+            f"put configmap {name}", True, self.kube.write_config_map, namespace, name, data,
+            version,
+        )  # fmt: skip
+        return doc
 
     async def set_condition(self, name: str, condition: JsonDict) -> None:
         """One condition of the node's status (best effort: logged when it fails)."""
@@ -155,9 +217,31 @@ class Actuator:
             log.warning("node %s: condition %s not written: %s", name, condition["type"], exc)
 
     async def event(self, ref: JsonDict, reason: str, message: str, kind: str) -> None:
-        """A core/v1 Event on a Node or Pod (a failure to record one is logged, not fatal)."""
+        """A core/v1 Event on a Node or Pod (a failure to record one is logged, not fatal).
+
+        The same reason on the same object again within ``EVENT_KEEP_S`` raises the count and
+        lastTimestamp of the Event made the first time (and takes the latest message).
+        """
         namespace = ref.get("namespace") or "default"
-        wall = stamp(self.clock.wall())
+        wall = stamp(self.now())
+        key = (namespace, ref.get("kind", ""), ref["name"], ref.get("uid", ""), reason, kind)
+        mono = self.clock.monotonic()
+        self._events = {k: v for k, v in self._events.items() if mono - v[2] < EVENT_KEEP_S}
+        seen = self._events.get(key)
+        if seen is not None:
+            name, count = seen[0], seen[1] + 1
+            patch = {"count": count, "lastTimestamp": wall, "message": message[:1024]}
+            try:
+                await self._call(
+                    f"event {reason}", True, self.kube.patch_event, namespace, name, patch
+                )
+                self._events[key] = (name, count, mono)
+                return
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.debug("event %s on %s: %s", reason, ref["name"], exc)
+                    return
+                # expired or deleted: a new one
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -174,42 +258,54 @@ class Actuator:
             "count": 1,
         }
         try:
-            await self._call(f"event {reason}", True, self.kube.create_event, namespace, event)
+            name = await self._call(
+                f"event {reason}", True, self.kube.create_event, namespace, event
+            )
         except KubeError as exc:
             log.debug("event %s on %s: %s", reason, ref["name"], exc)
+            return
+        if name:
+            self._events[key] = (str(name), 1, mono)
 
     # -- evictions -----------------------------------------------------------------------------
     def forget_backoffs(self, older_than_s: float = 600.0) -> None:
-        """Drop PodDisruptionBudget back-offs not tried for a while."""
+        """Drop PodDisruptionBudget back-offs not tried for a while, and old evictions."""
         now = self.clock.monotonic()
         self._blocked = {k: v for k, v in self._blocked.items() if now - v[1] < older_than_s}
+        self._evicted = {k: t for k, t in self._evicted.items() if now - t < EVICTED_KEEP_S}
 
-    async def evict(self, pod: Assignment, why: str, message: str, args: RemediationArgs) -> bool:
+    def _count(self, action: str, why: str, result: str) -> None:
+        self.metrics.remediation.labels(action, why, result).inc()
+
+    async def evict(
+        self, pod: Assignment, why: str, message: str, args: RemediationArgs, *, fresh: bool = True
+    ) -> bool:
         """Evict one pod (or, in a dry run, say so); False when it should be tried again.
 
-        Never on a node that opted out; at most ``evictionsPerMinute``; a pod a budget kept is
-        tried again after a back-off (up to a minute). Only this pod: a new one of the same
-        name is left alone.
+        Through the gate (``refusal``) for the pod's node, then the disruption budget; a pod a
+        budget kept is tried again after a back-off (up to a minute); a pod evicted already (by
+        any controller) is not again. Only this pod: a new one of the same name is left alone.
         """
         name = f"{pod.namespace}/{pod.name}"
         ref = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.pod_uid}
-        if self.opted_out(pod.node):
-            self.metrics.remediation.labels("evict", why, "opted_out").inc()
+        refused = self.refusal(pod.node, args, fresh=fresh)
+        if refused is not None:
+            self._count("evict", why, refused)
             return False
         if args.dry_run:
             log.warning("remediation (dry run): would evict %s: %s", name, message)
-            self.metrics.remediation.labels("evict", why, "dry_run").inc()
+            self._count("evict", why, "dry_run")
             await self.event(ref, "DryRunEdgeGPUEvicted", message, "Warning")
             return True
         now = self.clock.monotonic()
-        key = (pod.namespace, pod.name)
-        refusals, retry_at = self._blocked.get(key, (0, 0.0))
+        if pod.pod_uid in self._evicted:
+            return True  # on its way out already
+        refusals, retry_at = self._blocked.get(pod.pod_uid, (0, 0.0))
         if now < retry_at:
             return False
-        while self._evictions and now - self._evictions[0] > 60.0:
-            self._evictions.popleft()
-        if len(self._evictions) >= args.evictions_per_minute:
-            self.metrics.remediation.labels("evict", why, "rate_limited").inc()
+        budget = await self.breaker.may_evict(args)
+        if budget is not None:
+            self._count("evict", why, budget)
             return False
         try:
             await self._call(
@@ -220,13 +316,18 @@ class Actuator:
             gone = exc.status == 404 or (exc.status == 409 and "recondition" in str(exc))
             result = "gone" if gone else {429: "blocked"}.get(exc.status, "failed")
             log.warning("remediation: evicting %s: %s (%s)", name, exc, result)
-            self.metrics.remediation.labels("evict", why, result).inc()
+            self._count("evict", why, result)
             if result != "gone":  # a budget or an error: back off, up to a minute
-                self._blocked[key] = (refusals + 1, now + min(60.0, 2.0**refusals))
+                self._blocked[pod.pod_uid] = (refusals + 1, now + min(60.0, 2.0**refusals))
             return result == "gone"
-        self._blocked.pop(key, None)
-        self._evictions.append(now)
+        self._blocked.pop(pod.pod_uid, None)
+        self._evicted[pod.pod_uid] = now
+        await self.breaker.done("evict", pod.node, args)
         log.warning("remediation: evicted %s: %s", name, message)
-        self.metrics.remediation.labels("evict", why, "evicted").inc()
+        self._count("evict", why, "evicted")
         await self.event(ref, "EdgeGPUEvicted", message, "Warning")
         return True
+
+    def blocked_for(self, pod_uid: str) -> int:
+        """How many times in a row the pod's eviction was refused (0: not refused)."""
+        return self._blocked.get(pod_uid, (0, 0.0))[0]

@@ -1,143 +1,267 @@
-"""The fault loop's circuit breaker: too many nodes cordoned within a window stops new cordons.
+"""The fleet-wide disruption budget and its circuit breaker, kept in the API server.
 
-Each node's repeat history (``marks.history``) says when we cordoned it, so the count survives
-a leader change. One more cordon than ``breakerPercent`` of the GPU nodes within
-``breakerWindow`` trips the breaker: its state goes to the ConfigMap
-``edgegpu-remediation-breaker`` in the extender's namespace, and no node is cordoned until an
-operator deletes that ConfigMap (only cordons after the reset count again). Nodes held already
-go on through their workflow. A missing ConfigMap is a reset, written as such; one that is
-there but unreadable counts as tripped.
+Every cordon and every eviction of every controller is written down in the ConfigMap
+``edgegpu-remediation-breaker`` (extender's namespace), so a new leader goes on counting where
+the last one stopped. Within ``breakerWindow``: one cordon more than ``breakerPercent`` of the
+GPU nodes, or one eviction more than ``breakerEvictions``, trips the breaker, and no cordon or
+eviction is made until an operator deletes the ConfigMap (which also clears the ledger: only
+what comes after a reset counts). ``evictionsPerMinute`` is read from the same ledger. Times are
+the API server's (``Actuator.now``); the ConfigMap is written at its resourceVersion, so two
+writers never lose each other's entries. A ConfigMap that is there but unreadable counts as
+tripped. Something done but not yet written down is written before anything else is allowed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any, Protocol
 
 from scheduler_extender.k8s.client import JsonDict, KubeError
+from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.policy.remediation import RemediationArgs
 from scheduler_extender.remediation import marks
-from scheduler_extender.remediation.actuator import Actuator
+from scheduler_extender.telemetry.clock import Clock
 
 log = logging.getLogger("scheduler_extender.remediation")
 
 CONFIG_MAP = "edgegpu-remediation-breaker"
 TRIPPED, CLOSED = "tripped", "closed"
+REREAD_S = 10.0
+"""A closed ledger older than this (monotonic) is read again before it allows anything."""
+KEEP = 5000
+"""Eviction times kept at most (a window's worth at 60 a minute is 3,600)."""
 
 
 def _epoch(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def cordoned_within(
-    nodes: Mapping[str, JsonDict], since: float, now: float, window_s: float
-) -> set[str]:
-    """Nodes whose history shows a cordon within the window, and after ``since`` (a reset)."""
-    start = max(since, now - window_s)
-    return {
-        name
-        for name, node in nodes.items()
-        if any(start < t <= now for ts in marks.history(node).values() for t in ts)
-    }
+class Writes(Protocol):
+    """What the breaker needs of the actuator (which owns it)."""
+
+    clock: Clock
+    metrics: ExtenderMetrics
+
+    def now(self) -> float:
+        """The API server's time."""
+        ...
+
+    async def read_config_map(self, namespace: str, name: str) -> JsonDict | None:
+        """A ConfigMap, or None when there is none."""
+        ...
+
+    async def write_config_map(
+        self, namespace: str, name: str, data: dict[str, str], version: str | None
+    ) -> JsonDict:
+        """Create a ConfigMap, or replace it at ``version``."""
+        ...
+
+    async def event(self, ref: JsonDict, reason: str, message: str, kind: str) -> None:
+        """A core/v1 Event."""
+        ...
 
 
 class Breaker:
-    """Whether new cordons are allowed, kept in a ConfigMap while tripped."""
+    """The ledger of cordons and evictions, and whether it allows one more."""
 
-    def __init__(self, act: Actuator, namespace: str) -> None:
+    def __init__(self, act: Writes, namespace: str) -> None:
         self.act = act
         self.namespace = namespace
         self.tripped: bool | None = None
         """None until read back (a new leader)."""
         self.since = 0.0
-        """When it was last reset (wall): only cordons after it count."""
+        """When it was last reset (server time)."""
         self.reason = ""
-        self._unsaved = False
-        """Tripped here, but not written yet: written before anything is read back."""
-        self._recent: dict[str, float] = {}
-        """Nodes this replica cordoned, and when (wall): the watch may not show them yet."""
-
-    def cordoned(self, node: str, wall: float) -> None:
-        """This replica cordoned ``node`` at ``wall``."""
-        self._recent[node] = wall
+        self.cordons: dict[str, list[float]] = {}
+        """Node → when we cordoned it (server time), within the window."""
+        self.evictions: list[float] = []
+        """When each eviction was made (server time), within the window."""
+        self._version: str | None = None
+        """The ConfigMap's resourceVersion as last read or written (None: there is none)."""
+        self._read_at: float | None = None
+        self._pending: list[tuple[str, str, float]] = []
+        """Done here but not written down yet: ("evict", "", t) or ("cordon", node, t)."""
+        self._unsaved_trip = False
 
     def reset(self) -> None:
-        """Not leading: read the state back when leading again."""
-        self.tripped, self._unsaved = None, False
-        self._recent.clear()
+        """Not leading: read the ledger back when leading again (what is pending stays)."""
+        self.tripped = None
+        self._read_at = None
+
+    # -- the ConfigMap -------------------------------------------------------------------------
+    def _parse(self, doc: JsonDict) -> None:
+        data = doc.get("data") or {}
+        self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
+        now = self.act.now()
+        try:
+            state = data.get("state")
+            since = min(_epoch(str(data.get("since"))), now)  # never a reset in the future
+            cordons = {
+                str(n): [_epoch(str(t)) for t in ts]
+                for n, ts in dict(json.loads(data.get("cordons") or "{}")).items()
+            }
+            evictions = [_epoch(str(t)) for t in json.loads(data.get("evictions") or "[]")]
+        except (TypeError, ValueError, AttributeError):
+            state, since, cordons, evictions = None, now, {}, []
+        # Anything but a closed breaker we can read is a tripped one: only deleting it resets.
+        self.tripped = state != CLOSED
+        self.since, self.cordons, self.evictions = since, cordons, evictions
+        self.reason = (
+            str(data.get("reason", ""))
+            if state in (TRIPPED, CLOSED)
+            else f"unreadable ConfigMap {CONFIG_MAP}: delete it to reset the breaker"
+        )
+
+    def _fresh_ledger(self, why: str) -> None:
+        self.tripped, self.since, self.reason = False, self.act.now(), why
+        self.cordons, self.evictions, self._version = {}, [], None
+
+    def _merge_pending(self) -> None:
+        for what, node, t in self._pending:
+            if what == "evict":
+                if t not in self.evictions:
+                    self.evictions.append(t)
+            elif t not in self.cordons.setdefault(node, []):
+                self.cordons[node].append(t)
+
+    def _data(self, window_s: float) -> dict[str, str]:
+        start = self.act.now() - max(window_s, 60.0)
+        cordons = {n: sorted(t for t in ts if t > start) for n, ts in self.cordons.items()}
+        self.cordons = {n: ts for n, ts in cordons.items() if ts}
+        self.evictions = sorted(t for t in self.evictions if t > start)[-KEEP:]
+        return {
+            "state": TRIPPED if self.tripped else CLOSED,
+            "since": marks.stamp(self.since),
+            "reason": self.reason,
+            "cordons": json.dumps(
+                {n: [marks.stamp_precise(t) for t in ts] for n, ts in sorted(self.cordons.items())}
+            ),
+            "evictions": json.dumps([marks.stamp_precise(t) for t in self.evictions]),
+        }
 
     async def _read(self) -> None:
         doc = await self.act.read_config_map(self.namespace, CONFIG_MAP)
-        now = self.act.clock.wall()
         if doc is None:  # deleted: an operator's reset (or a first start)
-            self.tripped, self.since = False, now
-            await self._write(CLOSED, "reset: no breaker state found")
+            self._fresh_ledger("reset: no breaker state found")
             log.warning("remediation: circuit breaker closed (reset)")
         else:
-            data = doc.get("data") or {}
-            try:
-                since = min(_epoch(str(data.get("since"))), now)  # never a reset in the future
-                state = data.get("state")
-            except (TypeError, ValueError):
-                since, state = now, None
-            # Anything but a closed breaker we can read is a tripped one: only deleting it resets.
-            self.tripped, self.since = state != CLOSED, since
-            self.reason = (
-                str(data.get("reason", ""))
-                if state in (TRIPPED, CLOSED)
-                else (f"unreadable ConfigMap {CONFIG_MAP}: delete it to reset the breaker")
-            )
+            self._parse(doc)
+        self._read_at = self.act.clock.monotonic()
         self.act.metrics.remediation_breaker.set(1 if self.tripped else 0)
 
-    async def _write(self, state: str, reason: str) -> None:
-        data = {"state": state, "since": marks.stamp(self.since), "reason": reason}
-        await self.act.write_config_map(self.namespace, CONFIG_MAP, data)
+    async def _save(self, window_s: float) -> None:
+        """Write the ledger with what is pending, at its resourceVersion (read again once)."""
+        for attempt in range(2):
+            self._merge_pending()
+            try:
+                doc = await self.act.write_config_map(
+                    self.namespace, CONFIG_MAP, self._data(window_s), self._version
+                )
+            except KubeError as exc:
+                if exc.status not in (404, 409) or attempt:
+                    raise
+                await self._read()  # someone else wrote it, or an operator deleted it
+                continue
+            self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
+            self._pending.clear()
+            self._unsaved_trip = False
+            return
 
-    async def allows(
-        self,
-        node: str,
-        nodes: Mapping[str, JsonDict],
-        gpu_nodes: int,
-        args: RemediationArgs,
-    ) -> bool:
-        """Whether ``node`` may be cordoned now; trips the breaker when it may not."""
-        if args.breaker_percent <= 0:
-            return True
+    async def _ready(self, args: RemediationArgs) -> bool:
+        """The ledger read (again while tripped or old) and nothing left unwritten."""
         try:
-            if self._unsaved:
-                await self._write(TRIPPED, self.reason)
-                self._unsaved = False
-            elif self.tripped is not False:
-                await self._read()  # each round while tripped: an operator may have reset it
+            now = self.act.clock.monotonic()
+            if self.tripped is not False or self._read_at is None or now - self._read_at > REREAD_S:
+                await self._read()
+                if self._version is None or self._pending or self._unsaved_trip:
+                    await self._save(args.breaker_window_s)
+            elif self._pending or self._unsaved_trip:
+                await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: the circuit breaker's ConfigMap: %s", exc)
-            return False  # cannot tell: no new cordon
-        if self.tripped:
-            return False
-        now = self.act.clock.wall()
-        start = max(self.since, now - args.breaker_window_s)
-        # A node cordoned here counts for the window even once deleted: nodes replaced by an
-        # autoscaler must not free room for the next wave of cordons.
-        self._recent = {n: t for n, t in self._recent.items() if t >= start}
-        seen = cordoned_within(nodes, self.since, now, args.breaker_window_s) | set(self._recent)
-        allowed = args.breaker_allows(gpu_nodes)
-        if len(seen | {node}) <= allowed:
-            return True  # (a node cordoned again in the window counts once)
-        seen.add(node)
-        self.tripped = True
+            return False  # cannot tell, or cannot write down what was done: nothing new
+        return True
+
+    async def _trip(self, reason: str, args: RemediationArgs) -> None:
+        self.tripped, self.reason = True, reason
         self.act.metrics.remediation_breaker.set(1)
-        self.reason = (
-            f"{len(seen)} of {gpu_nodes} GPU nodes cordoned within "
-            f"{args.breaker_window_s:.0f} s (at most {allowed}): {', '.join(sorted(seen))}"
-        )
-        log.error("remediation: circuit breaker tripped: %s", self.reason)
-        self.act.metrics.remediation.labels("breaker", "gpu_fault", "tripped").inc()
+        log.error("remediation: circuit breaker tripped: %s", reason)
         try:
-            await self._write(TRIPPED, self.reason)
+            await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: writing the tripped circuit breaker: %s", exc)
-            self._unsaved = True
+            self._unsaved_trip = True
         ref = {"kind": "ConfigMap", "namespace": self.namespace, "name": CONFIG_MAP}
-        await self.act.event(ref, "EdgeGPURemediationBreakerTripped", self.reason, "Warning")
-        return False
+        await self.act.event(ref, "EdgeGPURemediationBreakerTripped", reason, "Warning")
+
+    # -- what it allows ------------------------------------------------------------------------
+    def _within(self, window_s: float) -> Callable[[float], bool]:
+        start = max(self.since, self.act.now() - window_s)
+        return lambda t: t >= start
+
+    async def may_cordon(self, node: str, gpu_nodes: int, args: RemediationArgs) -> str | None:
+        """None when ``node`` may be cordoned now; else why not (and trips the breaker)."""
+        if not await self._ready(args):
+            return "breaker_unknown"
+        if self.tripped:
+            return "breaker"
+        if args.breaker_percent <= 0:
+            return None
+        within = self._within(args.breaker_window_s)
+        seen = {n for n, ts in self.cordons.items() if any(within(t) for t in ts)}
+        seen |= {n for what, n, t in self._pending if what == "cordon" and within(t)}
+        allowed = args.breaker_allows(gpu_nodes)
+        if len(seen | {node}) <= allowed:
+            return None  # (a node cordoned again in the window counts once)
+        seen.add(node)
+        await self._trip(
+            f"{len(seen)} of {gpu_nodes} GPU nodes cordoned within "
+            f"{args.breaker_window_s:.0f} s (at most {allowed}): {', '.join(sorted(seen))}",
+            args,
+        )
+        return "breaker"
+
+    async def may_evict(self, args: RemediationArgs) -> str | None:
+        """None when one more eviction may be made now; else why not."""
+        if not await self._ready(args):
+            return "breaker_unknown"
+        if self.tripped:
+            return "breaker"
+        recent = self._within(60.0)
+        if sum(recent(t) for t in self.evictions) >= args.evictions_per_minute:
+            return "rate_limited"
+        if args.breaker_evictions <= 0:
+            return None
+        within = self._within(args.breaker_window_s)
+        made = sum(within(t) for t in self.evictions)
+        if made < args.breaker_evictions:
+            return None
+        await self._trip(
+            f"{made} evictions within {args.breaker_window_s:.0f} s (at most "
+            f"{args.breaker_evictions}): one more was asked for",
+            args,
+        )
+        return "breaker"
+
+    async def done(self, what: str, node: str, args: RemediationArgs) -> None:
+        """A ``"cordon"`` of ``node`` or an ``"evict"`` was made: write it down.
+
+        A write that fails is tried again before anything else is allowed.
+        """
+        self._pending.append((what, node, self.act.now()))
+        try:
+            await self._save(args.breaker_window_s)
+        except KubeError as exc:
+            log.warning("remediation: writing down a %s in the breaker's ConfigMap: %s", what, exc)
+
+    def view(self) -> dict[str, Any]:
+        """What the ledger holds, as last read or written."""
+        return {
+            "tripped": self.tripped,
+            "reason": self.reason,
+            "cordons": sorted(self.cordons),
+            "evictions": len(self.evictions),
+        }

@@ -7,7 +7,8 @@ wrote: a person's edit is honoured by the current leader, a record nobody can re
 up (or adopted, with an Event that says which). With ``dryRun`` it plans, logs, counts and
 records Events, changes no Node or Pod, ends a plan when the fault does and holds no place
 under the cap. A node NotReady with its agent silent is a node fault only after
-``unreachableAfter`` as this replica saw it, and is cordoned without evicting anything.
+``unreachableAfter`` as this replica saw it, and is cordoned without evicting anything. Every
+cordon, eviction and agent ask passes the actuator's gate; cordons also the circuit breaker.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from scheduler_extender.remediation.actuator import (
     NotLeading,
     RecordChanged,
 )
-from scheduler_extender.remediation.breaker import Breaker
 from scheduler_extender.remediation.faults import (
     CORDONED,
     NODE_SILENT,
+    WORKING,
     Action,
     Observation,
     Phase,
@@ -48,7 +49,8 @@ from scheduler_extender.state.cluster import ClusterState
 log = logging.getLogger("scheduler_extender.remediation")
 
 _NEXT = {
-    Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap allows)",
+    Phase.SUSPECT: "cordon once the fault has lasted confirmAfter (and the cap and the circuit "
+    "breaker allow)",
     Phase.DRAINING: "evict the pods on the faulty GPUs, then ask for a self-test",
     Phase.SELF_TEST: "wait for the agent's self-test verdict",
     Phase.REBOOT_REQUESTED: "wait for the node to come back, then verify",
@@ -67,14 +69,13 @@ class FaultLoop:
         act: Actuator,
         *,
         nodes: Callable[[], Mapping[str, JsonDict]],
-        pods: Callable[[], Mapping[tuple[str, str], JsonDict]],
+        pods: Callable[[], Mapping[str, JsonDict]],
         synced: Callable[[], bool],
         identity: str,
-        breaker: Breaker,
     ) -> None:
         self.state = state
         self.act = act
-        self.breaker = breaker
+        self.breaker = act.breaker
         self.nodes = nodes
         self.pods = pods
         self.synced = synced
@@ -100,10 +101,10 @@ class FaultLoop:
         self.breaker.reset()
 
     # -- what the agents are asked -------------------------------------------------------------
-    def requests(self, node: str) -> dict[str, Any]:
-        """Requests for the node's agent (the caller checks leadership and dry run)."""
+    def requests(self, node: str, args: RemediationArgs) -> dict[str, Any]:
+        """Requests for the node's agent, through the gate (the caller checks the dry run)."""
         rec = self.records.get(node)
-        if rec is None:
+        if rec is None or self.act.refusal(node, args) is not None:
             return {}
         if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
             return {"self_test": {"id": rec.request}}
@@ -152,7 +153,6 @@ class FaultLoop:
         else:
             self._unreachable.pop(name, None)
         at = tuple(sorted(gpus))
-        wall = self.state.clock.wall()
         return Observation(
             faults=tuple(faults),
             gpus=at,
@@ -163,7 +163,9 @@ class FaultLoop:
             cooling=cooling,
             tainted=(taint := marks.our_taint(node)) is not None,
             ours_cordon=taint is not None and taint.get("value") == marks.OWNS_CORDON,
-            repeats=repeats(marks.history(node), places(tuple(faults)), wall, args.repeat_window_s),
+            repeats=repeats(
+                marks.history(node), places(tuple(faults)), self.act.now(), args.repeat_window_s
+            ),
         )
 
     def _affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
@@ -175,8 +177,7 @@ class FaultLoop:
         out = [
             a
             for a in self.state.allocations.on_node(name)
-            if (gpus is None or set(a.gpu_indices) & set(gpus))
-            and not leaving(pods.get((a.namespace, a.name)))
+            if (gpus is None or set(a.gpu_indices) & set(gpus)) and not leaving(pods.get(a.pod_uid))
         ]
         return sorted(out, key=lambda a: (a.qos, -a.assigned_at))
 
@@ -234,7 +235,7 @@ class FaultLoop:
         if not self._loaded:
             self._load()
         nodes = self.nodes()
-        wall = self.state.clock.wall()
+        wall = self.act.now()
         names = sorted(set(self.state.store.nodes()) | set(self.records) | marks.gpu_nodes(nodes))
         cap = args.cordon_cap(len(names))
         for name in names:
@@ -273,14 +274,12 @@ class FaultLoop:
                 left = [a for a in left if (a.namespace, a.name) not in self._planned]
                 obs = replace(obs, cordoned=True)
             obs = replace(obs, pods_left=len(left))
-        # A dry run's plans hold no place under the cap: every fault is planned.
-        held = 0 if args.dry_run else sum(r.phase in CORDONED for r in self.records.values())
-        room = held < cap
+        room, held_by = True, ""
         due = rec is not None and rec.phase is Phase.SUSPECT and bool(obs.faults)
-        if room and due and not args.dry_run and rec and wall - rec.started >= args.confirm_after_s:
-            room = await self.breaker.allows(name, self.nodes(), gpu_nodes, args)  # a cordon
+        if due and not args.dry_run and rec and wall - rec.started >= args.confirm_after_s:
+            room, held_by = await self._room(name, obs, args, cap, gpu_nodes)  # a cordon
         new, actions = step(
-            rec, obs, wall, args, owner=self.identity, room=room,
+            rec, obs, wall, args, owner=self.identity, room=room, held_by=held_by,
             new_id=lambda: uuid.uuid4().hex[:12],
         )  # fmt: skip
         if args.dry_run and rec is not None and rec.phase in CORDONED:
@@ -296,6 +295,26 @@ class FaultLoop:
             self.records[name] = new  # only the wording changed: not worth a node write
             return
         await self._apply(name, node, rec, new, actions, obs, args)
+
+    async def _room(
+        self, name: str, obs: Observation, args: RemediationArgs, cap: int, gpu_nodes: int
+    ) -> tuple[bool, str]:
+        """Whether the node may be cordoned now, else what holds it back ("": not worth saying).
+
+        The gate (a node unreachable long enough is cordoned on its Ready condition, without
+        fresh telemetry), then the cap on nodes in the workflow (nodes that opted out or were
+        handed to a human hold no place), then the circuit breaker.
+        """
+        if self.act.refusal(name, args, fresh=NODE_SILENT not in obs.faults) is not None:
+            return False, ""
+        held = sum(
+            r.phase in WORKING and not self.act.opted_out(n) for n, r in self.records.items()
+        )
+        if held >= cap:
+            return False, "maxUnavailablePercent cap"
+        if await self.breaker.may_cordon(name, gpu_nodes, args) is not None:
+            return False, "circuit breaker"
+        return True, ""
 
     async def _apply(
         self,
@@ -326,7 +345,7 @@ class FaultLoop:
             if writes or text != self._known.get(name):
                 build = marks.node_patch(
                     new, writes, owns=last.owns_cordon if last else True,
-                    ours_cordon=obs.ours_cordon, wall=self.state.clock.wall(),
+                    ours_cordon=obs.ours_cordon, wall=self.act.now(),
                     window_s=args.repeat_window_s,
                 )  # fmt: skip
                 try:
@@ -345,8 +364,8 @@ class FaultLoop:
                     return
                 self._known[name] = text
                 if Action.CORDON in writes:
-                    self.breaker.cordoned(name, self.state.clock.wall())
-                await self.act.set_condition(name, marks.condition(new, self.state.clock.wall()))
+                    await self.breaker.done("cordon", name, args)
+                await self.act.set_condition(name, marks.condition(new, self.act.now()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (
                         f"our taint without a readable record, and a fault: adopted ({reason})"
@@ -356,9 +375,12 @@ class FaultLoop:
                     log.warning("remediation: node %s: %s: %s", name, action, reason)
                     self.act.metrics.remediation.labels(action.value, "gpu_fault", "done").inc()
                     kind = "Normal" if action in (Action.UNCORDON, Action.SELF_TEST) else "Warning"
-                    await self.act.event(
-                        ref, marks.EVENT_REASON[action], f"{action}: {reason}", kind
-                    )
+                    message = f"{action}: {reason}"
+                    if action is Action.WAIT and new is not None:
+                        message = (
+                            f"fault confirmed, cordon held back by the {new.waiting}: {reason}"
+                        )
+                    await self.act.event(ref, marks.EVENT_REASON[action], message, kind)
         if (old.phase if old else None) != (new.phase if new else None):
             self.act.metrics.remediation_transitions.labels(
                 new.phase.value if new else "healthy"

@@ -11,13 +11,17 @@
                                            ▼                                ▼             ▼
                                       needs-human ◀───────────────────────────────────────┘
 
-A manual uncordon during the workflow ends it (``released``): we stand aside until the fault
+A suspect the cap or the circuit breaker holds back is written down (``waiting`` says which,
+with an Event), not kept in memory only. A drain that does not finish in ``drainTimeout`` (a
+PodDisruptionBudget that allows nothing) goes to needs-human, which holds no place under the
+cap. A manual uncordon during the workflow ends it (``released``): we stand aside until the fault
 clears, and act again only on a fault somewhere new (another GPU, or the node). No record means
 healthy. A fault on a GPU that was drained ``repeatLimit - 1`` times within ``repeatWindow``
 goes straight to needs-human (cordoned, nothing evicted): no drain loop for a GPU that keeps
 failing. Our taint without a readable record (a person removed or broke the annotation) is
 cleaned up when there is no fault, and adopted as our own cordon when there is one. Times are
-wall seconds, so that a record read back from the node annotation after a restart means the same.
+the API server's seconds (``Actuator.now``), so that a record read back from the node annotation
+by another replica, whatever its own clock says, means the same.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ class Phase(enum.StrEnum):
 CORDONED: frozenset[Phase] = frozenset(
     {Phase.DRAINING, Phase.SELF_TEST, Phase.REBOOT_REQUESTED, Phase.VERIFYING, Phase.NEEDS_HUMAN}
 )
-"""Phases in which the node is held cordoned by us (and counts against the cap)."""
+"""Phases in which the node is held cordoned by us."""
+
+WORKING: frozenset[Phase] = CORDONED - {Phase.NEEDS_HUMAN}
+"""Phases that hold a place under the cap (a node handed to a human holds none)."""
 
 
 class Action(enum.StrEnum):
@@ -69,6 +76,8 @@ class Action(enum.StrEnum):
     RELEASE = "release"
     """Stand aside after a manual uncordon: remove our taint, keep the record."""
     NEEDS_HUMAN = "needs-human"
+    WAIT = "wait"
+    """A suspect held back (the cap, the breaker): write it down and say so."""
     CLEAN_UP = "clean-up"
     """Our taint, cordon and condition without a record, and no fault: remove them."""
 
@@ -119,6 +128,8 @@ class Record:
     """The agent's boot id when the reboot was asked for."""
     faults: tuple[str, ...] = ()
     history: tuple[tuple[str, float, str], ...] = field(default_factory=tuple)
+    waiting: str = ""
+    """A suspect held back: by what (``maxUnavailablePercent``, ``circuit breaker``...)."""
 
     def to(self, phase: Phase, now: float, why: str, **changes: Any) -> Record:
         """This record in ``phase`` from ``now``, with ``why`` in its history."""
@@ -139,6 +150,7 @@ class Record:
             "boot": self.boot,
             "faults": list(self.faults),
             "history": [{"state": s, "at": _stamp(t), "why": w} for s, t, w in self.history],
+            "waiting": self.waiting,
         }
 
     @classmethod
@@ -163,6 +175,7 @@ class Record:
                     (str(h["state"]), _epoch(h["at"]), str(h.get("why", "")))
                     for h in doc.get("history") or ()
                 ),
+                waiting=str(doc.get("waiting") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a remediation record: {exc}") from None
@@ -239,10 +252,13 @@ def step(
     owner: str,
     room: bool,
     new_id: Callable[[], str],
+    held_by: str = "maxUnavailablePercent",
 ) -> tuple[Record | None, tuple[Action, ...]]:
     """The node's next record and the actions that take it there.
 
-    ``room``: whether the cap on cordoned nodes allows one more. Every transition looks at the
+    ``room``: whether a cordon may be made now (the cap, the breaker, the gate); ``held_by``
+    what holds it back when not ("": nothing worth writing down, e.g. stale telemetry). Every
+    transition looks at the
     fault as it is now: a fault that clears while suspect ends it without a cordon; a self-test
     that passes while the fault is still reported counts as failed.
     """
@@ -259,8 +275,13 @@ def step(
         if not faults:
             return None, ()
         rec = replace(rec, reason=_reason(faults), gpus=obs.gpus, faults=faults, owner=owner)
-        if now - rec.started < args.confirm_after_s or not room:
+        if now - rec.started < args.confirm_after_s:
             return rec, ()
+        if not room:
+            if not held_by or rec.waiting == held_by:
+                return rec, ()
+            return replace(rec, waiting=held_by), (Action.WAIT,)
+        rec = replace(rec, waiting="")
         # Our taint on a cordoned node: a cordon of ours whose record a person removed.
         owns = not obs.cordoned or obs.ours_cordon
         if obs.repeats + 1 >= args.repeat_limit:
@@ -271,7 +292,9 @@ def step(
             held = rec.to(Phase.NEEDS_HUMAN, now, why, owns_cordon=owns)
             return held, (Action.CORDON, Action.NEEDS_HUMAN)
         why = f"fault lasted {now - rec.started:.0f} s: {rec.reason}"
-        acts = (Action.CORDON, Action.EVICT) if obs.pods_left else (Action.CORDON,)
+        # Nothing is evicted from a node that cannot be seen (its pods go by their tolerations).
+        drain = obs.pods_left and NODE_SILENT not in faults
+        acts = (Action.CORDON, Action.EVICT) if drain else (Action.CORDON,)
         return rec.to(Phase.DRAINING, now, why, owns_cordon=owns), acts
     if rec.phase is Phase.RELEASED:
         if not faults:
@@ -292,13 +315,19 @@ def step(
     waited = now - rec.since
     unreachable = NODE_SILENT in faults
     if rec.phase is Phase.DRAINING:
-        if obs.pods_left:
-            return rec, (Action.EVICT,)
         if unreachable and waited > args.reboot_timeout_s:
             why = f"unreachable for {waited:.0f} s (rebootTimeout)"
             return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
         if unreachable:
-            return rec, ()  # the self-test, and its timeout, once the node is back
+            return rec, ()  # the drain, self-test and their timeouts once the node is back
+        if obs.pods_left and waited > args.drain_timeout_s:
+            why = (
+                f"drain not finished in {waited:.0f} s (drainTimeout): {obs.pods_left} pod(s) "
+                "left, kept by a PodDisruptionBudget or not leaving"
+            )
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
+        if obs.pods_left:
+            return rec, (Action.EVICT,)
         return rec.to(Phase.SELF_TEST, now, "drained", request=new_id()), (Action.SELF_TEST,)
     if rec.phase is Phase.SELF_TEST and unreachable:
         # An edge link down is no verdict: wait for the node rather than hand it to a human,
@@ -315,8 +344,10 @@ def step(
                 return None, (Action.UNCORDON,)  # the thermal filter keeps a hot GPU free
             why = "self-test failed" if obs.verdict[1] != "pass" else "fault outlived the self-test"
             if rec.phase is Phase.SELF_TEST:
-                boot = obs.boot or ""
-                return rec.to(Phase.REBOOT_REQUESTED, now, why, request=new_id(), boot=boot), (
+                if not obs.boot:  # no boot id: a reboot could not be told from no reboot
+                    why = f"{why}; the node reports no boot id, so a reboot cannot be verified"
+                    return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
+                return rec.to(Phase.REBOOT_REQUESTED, now, why, request=new_id(), boot=obs.boot), (
                     Action.REBOOT,
                 )
             return rec.to(Phase.NEEDS_HUMAN, now, f"{why} after the reboot"), (Action.NEEDS_HUMAN,)
@@ -325,6 +356,9 @@ def step(
             return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
         return rec, ()
     if rec.phase is Phase.REBOOT_REQUESTED:
+        if not rec.boot:  # a record decided without a boot id: any boot would look "back"
+            why = "reboot asked without a boot id to tell it by"
+            return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
         if obs.boot is not None and obs.boot != rec.boot:
             why = "agent back with a new boot"
             return rec.to(Phase.VERIFYING, now, why, request=new_id()), (Action.SELF_TEST,)

@@ -44,6 +44,7 @@ EVENT_REASON = {
     Action.UNCORDON: "EdgeGPUUncordoned",
     Action.RELEASE: "EdgeGPUReleased",
     Action.NEEDS_HUMAN: "EdgeGPUNeedsHuman",
+    Action.WAIT: "EdgeGPUWaiting",
     Action.CLEAN_UP: "EdgeGPURecordCleanedUp",
 }
 """The reason of the Event each action of the fault loop records on the node."""
@@ -61,6 +62,11 @@ _CONDITION_REASON = {
 def stamp(wall: float) -> str:
     """RFC 3339 seconds, as Events, taints and conditions carry them."""
     return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp_precise(wall: float) -> str:
+    """RFC 3339 with microseconds, as the records and the breaker's ledger keep times."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def annotation(node: JsonDict, key: str = REMEDIATION_ANNOTATION) -> str | None:
@@ -95,8 +101,11 @@ def history(node: JsonDict) -> History:
 
 
 def record_text(rec: Record | None) -> str | None:
-    """The annotation a record is written as (None: no annotation; suspects are not written)."""
-    if rec is None or rec.phase is Phase.SUSPECT:
+    """The annotation a record is written as (None: no annotation).
+
+    A suspect is written only once something holds it back.
+    """
+    if rec is None or (rec.phase is Phase.SUSPECT and not rec.waiting):
         return None
     return orjson.dumps(rec.to_json()).decode()
 
@@ -105,7 +114,10 @@ def written_fields(rec: Record | None) -> tuple[Any, ...] | None:
     """What of a record is worth a node write: all but the wording and the owner."""
     if rec is None:
         return None
-    return (rec.phase, rec.since, rec.gpus, rec.owns_cordon, rec.request, rec.boot, rec.faults)
+    return (
+        rec.phase, rec.since, rec.gpus, rec.owns_cordon, rec.request, rec.boot, rec.faults,
+        rec.waiting,
+    )  # fmt: skip
 
 
 def node_patch(
@@ -155,6 +167,15 @@ def node_patch(
 def condition(rec: Record | None, wall: float) -> JsonDict:
     """The node condition ``EdgeGPUHealthy`` that ``kubectl describe node`` shows."""
     at = stamp(wall)
+    if rec is not None and rec.phase is Phase.SUSPECT and rec.waiting:
+        return {
+            "type": HEALTH_CONDITION,
+            "status": "False",
+            "reason": "WaitingToBeRemediated",
+            "message": f"fault confirmed, held back by the {rec.waiting}: {rec.reason}",
+            "lastHeartbeatTime": at,
+            "lastTransitionTime": at,
+        }
     healthy = rec is None or rec.phase is Phase.SUSPECT
     return {
         "type": HEALTH_CONDITION,

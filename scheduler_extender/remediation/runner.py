@@ -2,9 +2,9 @@
 
 Thermal migration (``thermal.Migration``), memory budgets and lent blocks taken back
 (``memory.Budgets``, ``memory.Reclaim``) and the GPU fault loop (``faultloop.FaultLoop``) act
-through one ``Actuator``, which owns timeouts, fencing, rate limits, opt-out and Events. Nothing
-runs unless this replica leads and ``spec.remediation`` is enabled, and nothing while
-``spec.remediation.paused``. A round that finds leadership gone stops where it is.
+through one ``Actuator``, whose gate every action passes (enabled, paused, leadership, opt-out,
+fresh telemetry) and which owns timeouts, fencing, the disruption budget and Events. A round
+that finds leadership gone stops where it is.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from scheduler_extender.k8s.client import JsonDict, KubeApi
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.remediation.actuator import CALL_TIMEOUT_S, COMPONENT, Actuator, NotLeading
-from scheduler_extender.remediation.breaker import Breaker
+from scheduler_extender.remediation.breaker import CONFIG_MAP
 from scheduler_extender.remediation.faultloop import FaultLoop
 from scheduler_extender.remediation.faults import Record
 from scheduler_extender.remediation.memory import Budgets, Reclaim
@@ -44,7 +44,7 @@ class Remediator:
         leading: Callable[[float], bool] = _always,
         *,
         nodes: Callable[[], Mapping[str, JsonDict]] = dict,
-        pods: Callable[[], Mapping[tuple[str, str], JsonDict]] = dict,
+        pods: Callable[[], Mapping[str, JsonDict]] = dict,
         synced: Callable[[], bool] = lambda: True,
         identity: str = COMPONENT,
         timeout_s: float = CALL_TIMEOUT_S,
@@ -52,20 +52,20 @@ class Remediator:
     ) -> None:
         """``leading(s)``: whether this replica leads now and will still ``s`` seconds on.
 
-        ``namespace``: the extender's own, where the circuit breaker's ConfigMap lives.
+        ``pods``: the Pod objects by uid. ``namespace``: the extender's own, where the circuit
+        breaker's ConfigMap lives.
         """
         self.state = state
         self.leading = leading
         self.act = Actuator(
-            kube, metrics, state.clock, leading, nodes=nodes, identity=identity,
-            timeout_s=timeout_s,
+            kube, metrics, state.clock, leading, nodes=nodes, fresh=state.telemetry_fresh,
+            identity=identity, timeout_s=timeout_s, namespace=namespace,
         )  # fmt: skip
         self.migration = Migration(state, self.act, pods)
         self.budgets = Budgets(state, self.act)
         self.reclaim = Reclaim(state, self.act)
         self.faults = FaultLoop(
             state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity,
-            breaker=Breaker(self.act, namespace),
         )  # fmt: skip
         self._paused_said = False
 
@@ -77,9 +77,9 @@ class Remediator:
     def requests(self, node: str) -> dict[str, Any]:
         """Requests for the node's agent, sent in the answer to its push."""
         args = self.state.policy.spec.remediation
-        if args.dry_run or args.paused or not self.leading(0.0):
+        if args.dry_run:
             return {}
-        return self.faults.requests(node)
+        return self.faults.requests(node, args)
 
     async def step(self) -> list[Eviction]:
         """One round: thermal migration, memory budgets, lent blocks taken back, the fault loop.
@@ -97,6 +97,7 @@ class Remediator:
             return []
         self._paused_said = False
         self.act.forget_backoffs()
+        await self.act.sync_clock(self.act.breaker.namespace, CONFIG_MAP)
         try:
             due = await self.migration.step()
             await self.budgets.step()

@@ -81,7 +81,7 @@ class Migration:
         self,
         state: ClusterState,
         act: Actuator,
-        pods: Callable[[], Mapping[tuple[str, str], JsonDict]],
+        pods: Callable[[], Mapping[str, JsonDict]],
     ) -> None:
         self.state = state
         self.act = act
@@ -106,18 +106,20 @@ class Migration:
         """The evictions due, taken (or, with dryRun, only logged)."""
         spec = self.state.policy.spec
         now = self.state.clock.monotonic()
-        hot = [g for g in self.hot_gpus() if not self.act.opted_out(g.node)]
+        args = spec.remediation
+        # Through the gate here too, so that a node refused (stale, opted out) loses no turn.
+        hot = [g for g in self.hot_gpus() if self.act.refusal(g.node, args) is None]
         objects = self.pods()
         pods = {
             gpu.node: [
                 a
                 for a in self.state.allocations.on_node(gpu.node)
-                if not leaving(objects.get((a.namespace, a.name)))
+                if not leaving(objects.get(a.pod_uid))
             ]
             for gpu in hot
         }
         due = evictions(hot, pods, spec.thermal_throttling, self._last, now)
         for ev in due:
-            if await self.act.evict(ev.pod, "thermal", ev.reason, spec.remediation):
+            if await self.act.evict(ev.pod, "thermal", ev.reason, args):
                 self._last[ev.gpu] = now  # not taken: tried again next round
         return due

@@ -338,6 +338,14 @@ class ClusterState:
         record = self.store.get(node)
         return record.status if record else None
 
+    def telemetry_fresh(self, node: str) -> bool:
+        """Whether the node's last report is within the staleness bound (False: none)."""
+        record = self.store.get(node)
+        if record is None:
+            return False
+        after = self.policy.spec.stale_telemetry.stale_after_s(record.digest.interval_s)
+        return bool(self.clock.monotonic() - record.received_at <= after)
+
     def gpu_uuids(self, node: str, indices: Sequence[int]) -> tuple[str, ...]:
         """UUIDs of a node's GPUs by index, from its last report ('' when unknown)."""
         record = self.store.get(node)

@@ -1,10 +1,12 @@
 """Clocks: the system clock and a fake one for tests. Imports only the standard library.
 
 Decisions use the monotonic clock (freshness, cool-down); the wall clock is only shown.
+Remediation, whose records outlive a replica, keeps time by the API server's (``ServerClock``).
 """
 
 from __future__ import annotations
 
+import email.utils
 import time
 from typing import Protocol
 
@@ -53,3 +55,46 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("a clock does not go back")
         self._mono += seconds
+
+
+class ServerClock:
+    """The API server's clock, read from its answers' ``Date`` headers and run on locally.
+
+    Remediation measures its windows and deadlines (and stamps its records) in this time, so
+    that every replica, whatever its own wall clock says, reads a record's times as the one
+    that wrote it did: the API server's clock is the only one the replicas share. Between two
+    answers the time runs on by the local monotonic clock, so a step of the local wall clock
+    changes nothing. ``Date`` has whole seconds: each answer gives a lower bound of the offset
+    and the largest is kept (within a second of the truth); a bound more than ``STEP_S`` away
+    is the server's clock stepping, and is taken as it is.
+    """
+
+    STEP_S = 2.0
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._offset: float | None = None
+        """Server time minus local monotonic time; None until an answer was seen."""
+
+    def observe(self, date: str) -> None:
+        """An answer's ``Date`` header, just received (an unreadable one is ignored)."""
+        try:
+            server = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return
+        bound = server - self.clock.monotonic()
+        if self._offset is None or abs(bound - self._offset) > self.STEP_S:
+            self._offset = bound
+        else:
+            self._offset = max(self._offset, bound)
+
+    @property
+    def known(self) -> bool:
+        """Whether an answer of the server was seen yet."""
+        return self._offset is not None
+
+    def now(self) -> float:
+        """Seconds since the epoch on the server's clock (the local wall clock until known)."""
+        if self._offset is None:
+            return self.clock.wall()
+        return self.clock.monotonic() + self._offset

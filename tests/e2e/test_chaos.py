@@ -224,9 +224,10 @@ def events(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 
 
 def node_reasons(cluster: Cluster, name: str) -> list[str]:
-    """The reasons of edgegpu's Events on a Node."""
+    """The reasons of edgegpu's Events on a Node, each as often as its Event counts it."""
     return [e["reason"] for e in cluster.events("default", name)
-            if e.get("reportingComponent") == "edgegpu-extender"]  # fmt: skip
+            if e.get("reportingComponent") == "edgegpu-extender"
+            for _ in range(int(e.get("count") or 1))]  # fmt: skip
 
 
 def metric(ext: Extender, name: str) -> float:

@@ -90,12 +90,15 @@ def test_a_transient_fault_that_clears_before_confirm_after_is_never_cordoned() 
     assert walk.rec is None and walk.actions == []
 
 
-def test_no_cordon_without_room_under_the_cap() -> None:
+def test_no_cordon_without_room_under_the_cap_and_the_wait_is_written_down_once() -> None:
     walk = Walk()
     walk.see(XID)
-    assert walk.see(XID, after_s=60.0, room=False) == ()
-    assert walk.phase is Phase.SUSPECT
+    assert walk.see(XID, after_s=60.0, room=False) == (Action.WAIT,)
+    assert walk.phase is Phase.SUSPECT and walk.rec is not None
+    assert walk.rec.waiting == "maxUnavailablePercent"
+    assert walk.see(XID, room=False) == ()  # said once
     assert walk.see(XID, room=True) == (Action.CORDON, Action.EVICT)
+    assert walk.rec is not None and not walk.rec.waiting
 
 
 def test_a_manual_uncordon_ends_the_workflow_until_a_new_fault() -> None:

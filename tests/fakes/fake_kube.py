@@ -19,6 +19,7 @@ from an older resourceVersion then gets a 410 Gone ERROR event, as from a real A
 from __future__ import annotations
 
 import copy
+import email.utils
 import json
 import re
 import threading
@@ -165,6 +166,10 @@ class FakeKube:
         self._thread: threading.Thread | None = None
         self.connections = 0
         """TCP connections accepted so far."""
+        self.now = time.time
+        self.pages = 0
+        """List answers served (a paginated list is several)."""
+        """The server's clock: what every answer's ``Date`` header says (tests may set it)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> FakeKube:
@@ -175,6 +180,9 @@ class FakeKube:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
+
+            def date_time_string(self, timestamp: float | None = None) -> str:
+                return email.utils.formatdate(fake.now(), usegmt=True)
 
             def do_GET(self) -> None:
                 fake._handle(self, "GET")
@@ -433,13 +441,23 @@ class FakeKube:
     def _list(self, plural: str, ns: str, query: dict[str, str]) -> JSON:
         k = KINDS[plural]
         with self.cond:
-            items = [
-                copy.deepcopy(o) for (p, n, _), o in sorted(self.objects.items())
-                if p == plural and (not ns or n == ns)
+            keys = [
+                key for key, o in sorted(self.objects.items())
+                if key[0] == plural and (not ns or key[1] == ns)
                 and _matches(o, query.get("fieldSelector"), query.get("labelSelector"))
             ]  # fmt: skip
+            meta: JSON = {"resourceVersion": str(self.rv)}
+            if query.get("continue"):  # the key after which the page starts
+                after = tuple(json.loads(query["continue"]))
+                keys = [key for key in keys if key > after]
+            limit = int(query.get("limit") or 0)
+            if limit and len(keys) > limit:
+                keys = keys[:limit]
+                meta["continue"] = json.dumps(list(keys[-1]))
+            self.pages += 1
+            items = [copy.deepcopy(self.objects[key]) for key in keys]
             return {"kind": f"{k.kind}List", "apiVersion": k.api_version,
-                    "metadata": {"resourceVersion": str(self.rv)}, "items": items}  # fmt: skip
+                    "metadata": meta, "items": items}  # fmt: skip
 
     def _watch(
         self, h: BaseHTTPRequestHandler, plural: str, ns: str, query: dict[str, str]

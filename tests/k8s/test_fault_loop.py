@@ -33,6 +33,7 @@ class Cluster:
         self.kube = kube
         self.kubeconfig = kubeconfig
         self.clock = FakeClock()
+        kube.now = self.clock.wall  # one clock for the replica and the API server here
         doc = {"enabled": True, "dryRun": False, **remediation}
         self.state = ClusterState(self.clock, parse_policy({"spec": {"remediation": doc}}))
         self.seq = 0
@@ -75,7 +76,9 @@ class Cluster:
             ExtenderMetrics(CollectorRegistry(), self.state),
             lambda _s: leading,
             nodes=lambda: {k[2]: v for k, v in kube.objects.items() if k[0] == "nodes"},
-            pods=lambda: {(k[1], k[2]): v for k, v in kube.objects.items() if k[0] == "pods"},
+            pods=lambda: {
+                v["metadata"]["uid"]: v for k, v in kube.objects.items() if k[0] == "pods"
+            },
             synced=synced,
             identity=identity,
         )
@@ -296,6 +299,8 @@ async def test_the_push_answer_carries_the_request_and_debug_shows_the_node(
         assert ctx.remediator is not None
         ctx.remediator.records["n0"] = Record(Phase.SELF_TEST, "gpu0:xid:79", 1e9, 1e9, "me",
                                               (0,), request="abc")  # fmt: skip
+        ctx.state.ingest(report_from(report("n0", [gpu(0)])))  # the push being answered
+        await ctx.remediator.act.sync_clock("edgegpu-system", "any")  # as each round does
         status, body = answer(ctx, "n0", PutResult(True))
         assert status == 200 and json.loads(body)["self_test"] == {"id": "abc"}
         assert "self_test" not in json.loads(answer(ctx, "n1", PutResult(True))[1])

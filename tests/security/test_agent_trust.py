@@ -345,24 +345,34 @@ async def test_the_real_extenders_reboot_ask_names_the_agents_boot_and_is_follow
     tmp_path: Path,
 ) -> None:
     from scheduler_extender.api.app import create_app
-    from scheduler_extender.remediation.faultloop import FaultLoop
+    from scheduler_extender.k8s.client import KubeApi, load_api_client
+    from scheduler_extender.metrics import ExtenderMetrics
+    from scheduler_extender.policy.document import parse_policy
     from scheduler_extender.remediation.faults import Phase, Record
+    from scheduler_extender.remediation.runner import Remediator
+    from tests.fakes.fake_kube import FakeKube
 
     clock, sentinel = Clock(), tmp_path / "reboot-required"
     app = create_app()
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
-    async with httpx.AsyncClient(transport=transport) as client:
-        agent = make_agent(client, clock, ("http://extender",), reboot_sentinel=sentinel,
-                           host_boot_id="host-1")  # fmt: skip
-        await rounds(agent, clock, 1)
-        ctx = app.state.ctx
-        faults = FaultLoop(ctx.state, None, nodes=dict, pods=dict, synced=lambda: True,
-                           identity="t", breaker=None)  # type: ignore[arg-type]  # fmt: skip
-        seen = faults.observe("n1", {}, ctx.state.policy.spec.remediation)
-        faults.records["n1"] = Record(Phase.REBOOT_REQUESTED, "self-test failed", 0.0, 0.0, "t",
-                                      request="r1", boot=seen.boot or "")  # fmt: skip
-        ctx.remediator = faults  # its asks, as the leader's answers carry them
-        await rounds(agent, clock, 1)
+    with FakeKube() as kube:
+        api = KubeApi(load_api_client(kube.kubeconfig(tmp_path / "kubeconfig")))
+        async with httpx.AsyncClient(transport=transport) as client:
+            agent = make_agent(client, clock, ("http://extender",), reboot_sentinel=sentinel,
+                               host_boot_id="host-1")  # fmt: skip
+            await rounds(agent, clock, 1)
+            ctx = app.state.ctx
+            ctx.state.set_policy(parse_policy({"spec": {"remediation": {
+                "enabled": True, "dryRun": False}}}))  # fmt: skip
+            leader = Remediator(ctx.state, api, ExtenderMetrics(CollectorRegistry(), ctx.state))
+            await leader.act.sync_clock("edgegpu-system", "any")  # as each round does
+            seen = leader.faults.observe("n1", {}, ctx.state.policy.spec.remediation)
+            leader.faults.records["n1"] = Record(
+                Phase.REBOOT_REQUESTED, "self-test failed", 0.0, 0.0, "t", request="r1",
+                boot=seen.boot or "",
+            )  # fmt: skip
+            ctx.remediator = leader  # its asks, as the leader's answers carry them
+            await rounds(agent, clock, 1)
     assert seen.boot == "host-1"
     assert sentinel.read_text() == "edgegpu remediation r1\nboot host-1\n"
 
