@@ -162,6 +162,28 @@ def test_a_failed_self_test_asks_for_a_reboot_then_verifies() -> None:
     assert walk.see(verified) == (Action.UNCORDON,)
 
 
+def test_a_failed_self_test_with_no_boot_id_goes_to_a_human_not_to_a_reboot() -> None:
+    walk = Walk()
+    request = _to_self_test(walk)
+    failed = Observation(XID.faults, XID.gpus, True, 0, verdict=(request, "fail"), boot=None)
+    assert walk.see(failed) == (Action.NEEDS_HUMAN,)  # any boot would have looked "back"
+    assert walk.rec is not None and "no boot id" in walk.rec.history[-1][2]
+
+
+def test_a_drain_past_drain_timeout_goes_to_a_human_and_an_unreachable_one_evicts_nothing() -> None:
+    walk = Walk()
+    walk.see(XID)
+    walk.see(XID, after_s=5.0)
+    kept = Observation(XID.faults, XID.gpus, cordoned=True, pods_left=1, boot="b1")
+    assert walk.see(kept, after_s=1700.0) == (Action.EVICT,)
+    assert walk.see(kept, after_s=200.0) == (Action.NEEDS_HUMAN,)
+    silent = Walk()
+    silent.see(Observation(("node:not-ready-silent",), None, False, 2))
+    assert silent.see(Observation(("node:not-ready-silent",), None, False, 2), after_s=5.0) == (
+        Action.CORDON,
+    )
+
+
 def test_a_pass_while_the_fault_is_still_reported_counts_as_a_failure() -> None:
     walk = Walk()
     request = _to_self_test(walk)
