@@ -290,12 +290,18 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+BREAKER_CONFIG_MAP = f"/api/v1/namespaces/{NAMESPACE}/configmaps/edgegpu-remediation-breaker"
+
+
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = "t-" + request.node.name.lower().replace("_", "-")[:50].strip("-")
     cluster.namespace(name)
     yield name
     cluster.delete_namespace(name)
+    # The cases share nodes and an hour: each starts with a fresh disruption budget, as the
+    # runbook's reset gives (else one case's cordons and evictions count against the next).
+    cluster.cp.request("DELETE", BREAKER_CONFIG_MAP)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -30,7 +30,7 @@ import pytest
 
 from node_agent.deviceplugin.devices import gpu_of
 from tests.e2e.conftest import Cluster, extra_node, reported, until
-from tests.e2e.edgegpu import NAMESPACE, Agent, Extender
+from tests.e2e.edgegpu import Agent, Extender
 from tests.e2e.fake_kubelet import DeviceManager
 from tests.e2e.test_policy_and_auth import POLICY, patch_policy
 from tests.e2e.test_resilience import lease_holder
@@ -39,7 +39,6 @@ POOL = {"edgegpu.io/e2e-pool": "chaos"}
 RECORD = "edgegpu.io/remediation"
 HISTORY = "edgegpu.io/remediation-history"
 TAINT = "edgegpu.io/gpu-unhealthy"
-BREAKER = "edgegpu-remediation-breaker"
 # The cases share nodes and an hour: the breaker would count one case's cordons against the
 # next (its own cases are in tests/k8s). 100: only every GPU node cordoned at once trips it.
 ON = {"enabled": True, "dryRun": False, "maxUnavailablePercent": 10, "breakerPercent": 100}
@@ -161,10 +160,6 @@ def chaos(cluster: Cluster, ns: str) -> Iterator[Chaos]:
             yield case
         finally:
             case.restore()
-    # A breaker a case tripped would hold back every later case: reset it as the runbook says.
-    breaker = cluster.cp.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{BREAKER}")
-    if ((breaker or {}).get("data") or {}).get("state") == "tripped":
-        cluster.cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/configmaps/{BREAKER}")
 
 
 def restart(agent: Agent, scenario: str) -> None:
