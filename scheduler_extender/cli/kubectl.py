@@ -139,31 +139,45 @@ def explain(c: Cluster, name: str, namespace: str) -> tuple[dict[str, Any], str]
     return doc, head + _table(rows, ["NODE", "VERDICT", "REASON", "SCORE", "GPUS"])
 
 
+def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options every command takes, before or after its name, as kubectl's own flags.
+
+    After the name they carry no default, so they never undo one given before it.
+    """
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--kubeconfig", type=Path, default=default(None),
+                   help="default: $KUBECONFIG or ~/.kube/config")  # fmt: skip
+    p.add_argument("--context", default=default(None), help="kubeconfig context")
+    p.add_argument("--extender-url", metavar="URL", default=default(None),
+                   help="talk to the extender here instead of through a port-forward")  # fmt: skip
+    p.add_argument("--extender-ca", type=Path, metavar="FILE", default=default(None),
+                   help=f"the CA of the extender's certificate (default: ConfigMap {CA_CONFIGMAP}"
+                        " through a port-forward, the system CAs with --extender-url)")  # fmt: skip
+    p.add_argument("--extender-namespace", default=default(NAMESPACE),
+                   help=f"default {NAMESPACE}")  # fmt: skip
+    p.add_argument("--request-timeout", type=float, default=default(TIMEOUT_S), metavar="SECONDS",
+                   help=f"each call's limit, default {TIMEOUT_S:g}")  # fmt: skip
+    p.add_argument("-o", "--output", choices=["table", "json"], default=default("table"))
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubectl edgegpu", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[6:11]))  # fmt: skip
-    p.add_argument(
-        "--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG or ~/.kube/config"
-    )
-    p.add_argument("--context", help="kubeconfig context")
-    p.add_argument("--extender-url", metavar="URL",
-                   help="talk to the extender here instead of through a port-forward")  # fmt: skip
-    p.add_argument("--extender-ca", type=Path, metavar="FILE",
-                   help=f"the CA of the extender's certificate (default: ConfigMap {CA_CONFIGMAP}"
-                        " through a port-forward, the system CAs with --extender-url)")  # fmt: skip
-    p.add_argument("--extender-namespace", default=NAMESPACE, help=f"default {NAMESPACE}")
-    p.add_argument("--request-timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
-                   help=f"each call's limit, default {TIMEOUT_S:g}")  # fmt: skip
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    _options(p, defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("nodes", help="every GPU of every node")
+    pn = sub.add_parser("nodes", help="every GPU of every node")
     pp = sub.add_parser("pods", help="pods holding GPUs")
     pp.add_argument("-n", "--namespace")
     pp.add_argument("-A", "--all-namespaces", action="store_true")
     pe = sub.add_parser("explain", help="why a pod fits where it does, or nowhere")
     pe.add_argument("pod")
     pe.add_argument("-n", "--namespace", default="default")
+    for command in (pn, pp, pe):
+        _options(command, defaults=False)
     return p
 
 

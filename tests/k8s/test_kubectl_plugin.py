@@ -102,6 +102,8 @@ def test_nodes_pods_and_explain_through_a_port_forward_to_the_ready_extender_pod
 
     code, out, _ = run(capsys, "--kubeconfig", str(kubeconfig), "-o", "json", "pods", "-A")
     assert code == 0
+    code, after, _ = run(capsys, "pods", "-A", "-o", "json", "--kubeconfig", str(kubeconfig))
+    assert code == 0 and after == out  # flags after the command, as README and kubectl have them
     (held,) = json.loads(out)
     assert (held["pod"], held["gpu"], held["uuid"], held["blocks"], held["qos"]) == (
         "trainer", "0", "GPU-0000", 2, "training")  # fmt: skip
