@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8888
 NODES  ?= 4
+METRICS_PORT ?= 9400
 
 .DEFAULT_GOAL := help
 .PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
@@ -21,8 +22,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install the project with every extra
 
-run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4) simulated node agents
-	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES)
+run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4) simulated agents, metrics from METRICS_PORT (9400)
+	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES) --metrics-base-port $(METRICS_PORT)
 
 cluster: $(STAMP) ## a real control plane with edgegpu installed and NODES (4) simulated GPU nodes (kubeconfig: .e2e/kubeconfig)
 	$(PY) -m tests.e2e.cluster --nodes $(NODES)

@@ -8,11 +8,15 @@ can be seen with curl at once. Ctrl-C stops everything.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -25,10 +29,54 @@ VENDOR_MODELS = {1: "AMD Instinct MI210", 4: "Intel Data Center GPU Flex 170"}
 """Simulated nodes of other vendors: edge-1 has AMD GPUs, edge-4 (with NODES=5 or more) Intel."""
 
 
-def _wait_for(url: str, timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> bool:
+@dataclass
+class Child:
+    """A process the launcher started: its name, and its last lines (relayed as they come)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    last: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=15))
+
+    @classmethod
+    def start(cls, name: str, cmd: list[str], env: dict[str, str]) -> Child:
+        """Start ``cmd``; its output goes to ours, each line behind its name."""
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        child = cls(name, proc)
+        threading.Thread(target=child._relay, daemon=True).start()
+        return child
+
+    def _relay(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.last.append(line)
+            print(f"[{self.name}] {line}", flush=True)
+
+    def died(self) -> str:
+        """What to say of a child that exited: its name, status and last lines."""
+        time.sleep(0.2)  # its last lines are still being relayed
+        lines = "\n".join(f"  {line}" for line in self.last) or "  (nothing)"
+        return f"{self.name} (pid {self.proc.pid}) exited with status {self.proc.returncode}; " \
+            f"its last lines:\n{lines}"  # fmt: skip
+
+
+def _taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port already (another ``make run``?)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _wait_for(url: str, timeout_s: float, procs: list[Child]) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
+        if any(c.proc.poll() is not None for c in procs):
             return False
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
@@ -75,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupted)  # stop the children too, as Ctrl-C does
     base = f"http://{args.host}:{args.port}"
+    wanted = [("the extender", args.host, args.port, "PORT")] + [
+        (f"agent edge-{i}'s metrics", "127.0.0.1", args.metrics_base_port + i, "METRICS_PORT")
+        for i in range(args.nodes)
+    ]
+    for what, host, port, variable in wanted:
+        if _taken(host, port):
+            print(f"{host}:{port}, for {what}, is in use already (another make run?): stop it, "
+                  f"or choose another port, e.g. make run {variable}={port + 100}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
@@ -87,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.policy:
         cmd += ["--policy-file", args.policy]
-    procs: list[subprocess.Popen[bytes]] = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
+    procs = [Child.start("extender", cmd, env)]
     try:
         if not _wait_for(f"{base}/healthz", 30.0, procs):
-            print("the extender did not start; see its log above", file=sys.stderr)
+            why = procs[0].died() if procs[0].proc.poll() is not None else "no answer in 30 s"
+            print(f"the extender did not start: {why}", file=sys.stderr)
             return 1
         names = []
         for i in range(args.nodes):
@@ -98,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             names.append(name)
             scenario = SCENARIOS[i % len(SCENARIOS)]
             procs.append(
-                subprocess.Popen(
+                Child.start(
+                    f"agent {name}",
                     [
                         sys.executable, "-m", "node_agent", "--backend", "simulated",
                         "--node-name", name, "--gpus", str(2 + (i % 3) * 2), "--seed", str(i),
@@ -110,14 +170,16 @@ def main(argv: list[str] | None = None) -> int:
                         "--log-level", "warning",
                         *(["--model", VENDOR_MODELS[i]] if i in VENDOR_MODELS else []),
                     ],
-                    cwd=ROOT,
-                    env=env,
+                    env,
                 )
             )  # fmt: skip
             port = args.metrics_base_port + i
             print(f"agent {name}: scenario {scenario}, metrics on 127.0.0.1:{port}")
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
+            if (dead := _dead(procs)) is not None:
+                print(f"make run stopped: {dead.died()}", file=sys.stderr)
+                return 1
             nodes = httpx.get(f"{base}/debug/nodes", timeout=2.0).json()["nodes"]
             if len([n for n in nodes if n["reported"]]) >= args.nodes:
                 break
@@ -126,22 +188,28 @@ def main(argv: list[str] | None = None) -> int:
         print(_curl_examples(base, ",".join(names), args.metrics_base_port))
         print("Ctrl-C stops everything.", flush=True)
         start = time.monotonic()
-        while all(p.poll() is None for p in procs):
+        while (dead := _dead(procs)) is None:
             if args.duration_s and time.monotonic() - start > args.duration_s:
-                break
+                return 0
             time.sleep(0.5)
-        return 0
+        print(f"make run stopped: {dead.died()}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
+        for child in procs:
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        for child in procs:
             try:
-                proc.wait(timeout=10)
+                child.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                child.proc.kill()
+
+
+def _dead(procs: list[Child]) -> Child | None:
+    """The first child that exited, if any."""
+    return next((c for c in procs if c.proc.poll() is not None), None)
 
 
 if __name__ == "__main__":
