@@ -56,6 +56,7 @@ class RemediationArgs(ArgsModel):
         60,
         alias="evictionsPerMinute",
         ge=1,
+        le=5000,
         description="Evictions across the cluster, counted in the circuit breaker's ConfigMap "
         "so that a new leader goes on counting.",
     )
@@ -98,6 +99,7 @@ class RemediationArgs(ArgsModel):
         100,
         alias="breakerEvictions",
         ge=0,
+        le=5000,
         description="Evictions across the cluster, by every controller, within breakerWindow "
         "before the circuit breaker trips (one more is not made; 0: no eviction limit).",
     )

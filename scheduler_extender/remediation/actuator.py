@@ -38,6 +38,8 @@ CALL_TIMEOUT_S = 5.0
 """The longest one API call of remediation may take before it is abandoned."""
 EVENT_KEEP_S = 3600.0
 """An Event repeated within this long is counted on the same Event (kubectl's recorder)."""
+DEFINITE = frozenset({400, 403, 404, 409, 422, 429})
+"""Statuses that say a write was refused (not made); any other failure may have been made."""
 EVICTED_KEEP_S = 120.0
 """A pod evicted this recently is on its way out: no second eviction, by any controller."""
 
@@ -304,8 +306,9 @@ class Actuator:
         if now < retry_at:
             return False
         budget = await self.breaker.may_evict(args)
-        if budget is not None:
-            self._count("evict", why, budget)
+        entry = await self.breaker.reserve("evict", pod.node, args) if budget is None else None
+        if entry is None:
+            self._count("evict", why, budget or "breaker_unknown")
             return False
         try:
             await self._call(
@@ -317,12 +320,13 @@ class Actuator:
             result = "gone" if gone else {429: "blocked"}.get(exc.status, "failed")
             log.warning("remediation: evicting %s: %s (%s)", name, exc, result)
             self._count("evict", why, result)
+            if exc.status in DEFINITE:
+                self.breaker.cancel(entry)  # not made: it does not count
             if result != "gone":  # a budget or an error: back off, up to a minute
                 self._blocked[pod.pod_uid] = (refusals + 1, now + min(60.0, 2.0**refusals))
             return result == "gone"
         self._blocked.pop(pod.pod_uid, None)
         self._evicted[pod.pod_uid] = now
-        await self.breaker.done("evict", pod.node, args)
         log.warning("remediation: evicted %s: %s", name, message)
         self._count("evict", why, "evicted")
         await self.event(ref, "EdgeGPUEvicted", message, "Warning")

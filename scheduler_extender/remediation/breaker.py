@@ -2,7 +2,9 @@
 
 Every cordon and every eviction of every controller is written down in the ConfigMap
 ``edgegpu-remediation-breaker`` (extender's namespace), so a new leader goes on counting where
-the last one stopped. Within ``breakerWindow``: one cordon more than ``breakerPercent`` of the
+the last one stopped: each is written down *before* it is made (an entry for one that was then
+definitely refused is taken back; one whose outcome is unknown stays), so nothing disruptive
+is ever made uncounted. Within ``breakerWindow``: one cordon more than ``breakerPercent`` of the
 GPU nodes, or one eviction more than ``breakerEvictions``, trips the breaker, and no cordon or
 eviction is made until an operator deletes the ConfigMap (which also clears the ledger: only
 what comes after a reset counts). ``evictionsPerMinute`` is read from the same ledger. Times are
@@ -31,12 +33,28 @@ CONFIG_MAP = "edgegpu-remediation-breaker"
 TRIPPED, CLOSED = "tripped", "closed"
 REREAD_S = 10.0
 """A closed ledger older than this (monotonic) is read again before it allows anything."""
+TRIPPED_REREAD_S = 2.0
+"""A tripped one is read again this often (an operator's reset is seen within a round)."""
+FAILED_S = 5.0
+"""After the ConfigMap could not be read or written, nothing is allowed (nor asked) this long."""
+FUTURE_S = 60.0
+"""A ledger time later than now by more than this is taken as now (it still counts)."""
 KEEP = 5000
 """Eviction times kept at most (a window's worth at 60 a minute is 3,600)."""
 
 
 def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    t = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    if not 0 <= t < _LATEST_S:
+        raise ValueError(f"time out of range: {text}")
+    return t
+
+
+_LATEST_S = 32503680000.0
+"""Year 3000."""
+
+Entry = tuple[str, str, float]
+"""("evict", node, t) or ("cordon", node, t): one disruption written down."""
 
 
 class Writes(Protocol):
@@ -82,9 +100,11 @@ class Breaker:
         self._version: str | None = None
         """The ConfigMap's resourceVersion as last read or written (None: there is none)."""
         self._read_at: float | None = None
-        self._pending: list[tuple[str, str, float]] = []
-        """Done here but not written down yet: ("evict", "", t) or ("cordon", node, t)."""
-        self._unsaved_trip = False
+        self._pending: list[Entry] = []
+        """Reserved here but not written down yet."""
+        self._unsaved_trip = ""
+        """The reason of a trip not written yet (it holds whatever the ConfigMap says)."""
+        self._failed_at: float | None = None
 
     def reset(self) -> None:
         """Not leading: read the ledger back when leading again (what is pending stays)."""
@@ -96,15 +116,19 @@ class Breaker:
         data = doc.get("data") or {}
         self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
         now = self.act.now()
+
+        def when(text: Any) -> float:
+            return min(_epoch(str(text)), now + FUTURE_S)  # from the future: counted as now
+
         try:
             state = data.get("state")
             since = min(_epoch(str(data.get("since"))), now)  # never a reset in the future
             cordons = {
-                str(n): [_epoch(str(t)) for t in ts]
+                str(n): [when(t) for t in ts]
                 for n, ts in dict(json.loads(data.get("cordons") or "{}")).items()
             }
-            evictions = [_epoch(str(t)) for t in json.loads(data.get("evictions") or "[]")]
-        except (TypeError, ValueError, AttributeError):
+            evictions = [when(t) for t in json.loads(data.get("evictions") or "[]")][-KEEP:]
+        except Exception:  # whatever it holds: an unreadable ledger is a tripped one
             state, since, cordons, evictions = None, now, {}, []
         # Anything but a closed breaker we can read is a tripped one: only deleting it resets.
         self.tripped = state != CLOSED
@@ -120,6 +144,8 @@ class Breaker:
         self.cordons, self.evictions, self._version = {}, [], None
 
     def _merge_pending(self) -> None:
+        if self._unsaved_trip:  # whatever was read: the trip stands until it is written
+            self.tripped, self.reason = True, self._unsaved_trip
         for what, node, t in self._pending:
             if what == "evict":
                 if t not in self.evictions:
@@ -149,6 +175,7 @@ class Breaker:
             log.warning("remediation: circuit breaker closed (reset)")
         else:
             self._parse(doc)
+        self._merge_pending()
         self._read_at = self.act.clock.monotonic()
         self.act.metrics.remediation_breaker.set(1 if self.tripped else 0)
 
@@ -167,14 +194,17 @@ class Breaker:
                 continue
             self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
             self._pending.clear()
-            self._unsaved_trip = False
+            self._unsaved_trip = ""
             return
 
     async def _ready(self, args: RemediationArgs) -> bool:
         """The ledger read (again while tripped or old) and nothing left unwritten."""
+        now = self.act.clock.monotonic()
+        if self._failed_at is not None and now - self._failed_at < FAILED_S:
+            return False  # it failed a moment ago: no call per pod while the API is down
+        reread = TRIPPED_REREAD_S if self.tripped is not False else REREAD_S
         try:
-            now = self.act.clock.monotonic()
-            if self.tripped is not False or self._read_at is None or now - self._read_at > REREAD_S:
+            if self._read_at is None or self.tripped is None or now - self._read_at > reread:
                 await self._read()
                 if self._version is None or self._pending or self._unsaved_trip:
                     await self._save(args.breaker_window_s)
@@ -182,18 +212,20 @@ class Breaker:
                 await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: the circuit breaker's ConfigMap: %s", exc)
+            self._failed_at = now
             return False  # cannot tell, or cannot write down what was done: nothing new
+        self._failed_at = None
         return True
 
     async def _trip(self, reason: str, args: RemediationArgs) -> None:
         self.tripped, self.reason = True, reason
         self.act.metrics.remediation_breaker.set(1)
         log.error("remediation: circuit breaker tripped: %s", reason)
+        self._unsaved_trip = reason
         try:
             await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: writing the tripped circuit breaker: %s", exc)
-            self._unsaved_trip = True
         ref = {"kind": "ConfigMap", "namespace": self.namespace, "name": CONFIG_MAP}
         await self.act.event(ref, "EdgeGPURemediationBreakerTripped", reason, "Warning")
 
@@ -246,16 +278,30 @@ class Breaker:
         )
         return "breaker"
 
-    async def done(self, what: str, node: str, args: RemediationArgs) -> None:
-        """A ``"cordon"`` of ``node`` or an ``"evict"`` was made: write it down.
+    async def reserve(self, what: str, node: str, args: RemediationArgs) -> Entry | None:
+        """Write down a ``"cordon"`` or ``"evict"`` about to be made on ``node``.
 
-        A write that fails is tried again before anything else is allowed.
+        None when it cannot be written: then it must not be made.
         """
-        self._pending.append((what, node, self.act.now()))
+        entry = (what, node, round(self.act.now(), 6))
+        self._pending.append(entry)
         try:
             await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: writing down a %s in the breaker's ConfigMap: %s", what, exc)
+            self._pending.remove(entry)
+            self._failed_at = self.act.clock.monotonic()
+            return None
+        return entry
+
+    def cancel(self, entry: Entry) -> None:
+        """Take back an entry whose action was definitely not made (written with the next)."""
+        what, node, t = entry
+        if entry in self._pending:
+            self._pending.remove(entry)
+        held = self.evictions if what == "evict" else self.cordons.get(node, [])
+        if t in held:
+            held.remove(t)
 
     def view(self) -> dict[str, Any]:
         """What the ledger holds, as last read or written."""

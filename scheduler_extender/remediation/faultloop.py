@@ -27,6 +27,7 @@ from scheduler_extender.policy.remediation import RemediationArgs
 from scheduler_extender.policy.rules import thermal
 from scheduler_extender.remediation import marks
 from scheduler_extender.remediation.actuator import (
+    DEFINITE,
     Actuator,
     NotLeading,
     RecordChanged,
@@ -229,6 +230,8 @@ class FaultLoop:
         """One round over every GPU node."""
         if not self.synced():
             return  # the records must be read back from a full list of the nodes
+        if not self.act.server.known:
+            return  # every deadline is measured by the API server's clock
         if args.dry_run != self._dry_run:
             self._dry_run, self._loaded = args.dry_run, False  # a dry run's plan is not real
             self._planned.clear()
@@ -305,15 +308,19 @@ class FaultLoop:
         fresh telemetry), then the cap on nodes in the workflow (nodes that opted out or were
         handed to a human hold no place), then the circuit breaker.
         """
-        if self.act.refusal(name, args, fresh=NODE_SILENT not in obs.faults) is not None:
-            return False, ""
-        held = sum(
-            r.phase in WORKING and not self.act.opted_out(n) for n, r in self.records.items()
-        )
-        if held >= cap:
+        refused = self.act.refusal(name, args, fresh=NODE_SILENT not in obs.faults)
+        if refused is not None:
+            self.act.metrics.remediation.labels("cordon", "gpu_fault", refused).inc()
+            return False, "stale telemetry" if refused == "stale" else ""
+        mine = {n: r for n, r in self.records.items() if not self.act.opted_out(n)}
+        if sum(r.phase in WORKING for r in mine.values()) >= cap:
             return False, "maxUnavailablePercent cap"
         if await self.breaker.may_cordon(name, gpu_nodes, args) is not None:
             return False, "circuit breaker"
+        if args.breaker_percent > 0 and sum(r.phase in CORDONED for r in mine.values()) >= (
+            args.breaker_allows(gpu_nodes)
+        ):
+            return False, "ceiling of nodes held cordoned (breakerPercent, needs-human included)"
         return True, ""
 
     async def _apply(
@@ -348,23 +355,30 @@ class FaultLoop:
                     ours_cordon=obs.ours_cordon, wall=self.act.now(),
                     window_s=args.repeat_window_s,
                 )  # fmt: skip
+                entry = None
+                if Action.CORDON in writes:  # written down before it is made
+                    entry = await self.breaker.reserve("cordon", name, args)
+                    if entry is None:
+                        return
                 try:
                     await self.act.patch_node(name, node, build)
                 except RecordChanged as exc:
                     log.warning("remediation: node %s: %s: deciding again", name, exc)
+                    if entry is not None:
+                        self.breaker.cancel(entry)
                     if marks.annotation(exc.node) != self._known.get(name):
                         self._adopt(name, marks.annotation(exc.node))  # another's record wins
                     return
                 except KubeError as exc:
                     log.warning("remediation: node %s: %s failed: %s", name, writes, exc)
+                    if entry is not None and exc.status in DEFINITE:
+                        self.breaker.cancel(entry)
                     for action in writes:
                         self.act.metrics.remediation.labels(
                             action.value, "gpu_fault", "failed"
                         ).inc()
                     return
                 self._known[name] = text
-                if Action.CORDON in writes:
-                    await self.breaker.done("cordon", name, args)
                 await self.act.set_condition(name, marks.condition(new, self.act.now()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (

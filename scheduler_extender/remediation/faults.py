@@ -230,14 +230,14 @@ def places(faults: tuple[str, ...]) -> set[str]:
 
 def repeats(history: History, where: set[str], now: float, window_s: float) -> int:
     """The most cordons of any of ``where`` within the window before ``now``."""
-    return max(
-        (sum(1 for t in history.get(w, ()) if 0 <= now - t < window_s) for w in where), default=0
+    return max(  # (a time in the future counts: a clock that stepped back hides nothing)
+        (sum(1 for t in history.get(w, ()) if now - t < window_s) for w in where), default=0
     )
 
 
 def remember(history: History, where: set[str], now: float, window_s: float) -> History:
     """``history`` with a cordon at ``now`` for each place of ``where``; older ones dropped."""
-    out = {w: tuple(t for t in ts if 0 <= now - t < window_s) for w, ts in history.items()}
+    out = {w: tuple(t for t in ts if now - t < window_s) for w, ts in history.items()}
     for w in where:
         out[w] = (*out.get(w, ()), now)
     return {w: ts for w, ts in out.items() if ts}
@@ -323,7 +323,8 @@ def step(
         if obs.pods_left and waited > args.drain_timeout_s:
             why = (
                 f"drain not finished in {waited:.0f} s (drainTimeout): {obs.pods_left} pod(s) "
-                "left, kept by a PodDisruptionBudget or not leaving"
+                "left, kept by a PodDisruptionBudget, the circuit breaker, the eviction rate or "
+                "stale telemetry (edgegpu_extender_remediation_actions_total says which)"
             )
             return rec.to(Phase.NEEDS_HUMAN, now, why), (Action.NEEDS_HUMAN,)
         if obs.pods_left:

@@ -98,16 +98,23 @@ class Remediator:
         self._paused_said = False
         self.act.forget_backoffs()
         await self.act.sync_clock(self.act.breaker.namespace, CONFIG_MAP)
-        try:
-            due = await self.migration.step()
-            await self.budgets.step()
-            await self.reclaim.step()
-            await self.faults.step(args)
-        except NotLeading as exc:
-            log.warning("remediation: leadership lost before %s: round stopped", exc)
-            self.faults.reset()
-            self.budgets.reset()
-            return []
+        due: list[Eviction] = []
+        controllers = (("thermal migration", self.migration.step), ("memory budgets",
+                       self.budgets.step), ("reclaim", self.reclaim.step),
+                       ("fault loop", lambda: self.faults.step(args)))  # fmt: skip
+        for what, run in controllers:
+            try:
+                out = await run()
+            except NotLeading as exc:
+                log.warning("remediation: leadership lost before %s: round stopped", exc)
+                self.faults.reset()
+                self.budgets.reset()
+                return []
+            except Exception:  # one controller's failure never stops the others
+                log.exception("remediation: %s failed this round; carrying on", what)
+                continue
+            if what == "thermal migration" and out:
+                due = out
         return due
 
     def view(self) -> list[dict[str, Any]]:

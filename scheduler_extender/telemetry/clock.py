@@ -7,6 +7,7 @@ Remediation, whose records outlive a replica, keeps time by the API server's (``
 from __future__ import annotations
 
 import email.utils
+import threading
 import time
 from typing import Protocol
 
@@ -65,16 +66,21 @@ class ServerClock:
     that wrote it did: the API server's clock is the only one the replicas share. Between two
     answers the time runs on by the local monotonic clock, so a step of the local wall clock
     changes nothing. ``Date`` has whole seconds: each answer gives a lower bound of the offset
-    and the largest is kept (within a second of the truth); a bound more than ``STEP_S`` away
-    is the server's clock stepping, and is taken as it is.
+    and the largest is kept (within a second of the truth). A bound more than ``STEP_S`` away
+    is taken only once ``CONFIRM`` answers in a row agree on it (the server's clock stepped;
+    one odd answer, from a proxy or a late reply, moves nothing).
     """
 
     STEP_S = 2.0
+    CONFIRM = 3
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._offset: float | None = None
         """Server time minus local monotonic time; None until an answer was seen."""
+        self._step: tuple[float, int] | None = None
+        """A step not confirmed yet: its offset, and how many answers in a row said so."""
+        self._lock = threading.Lock()
 
     def observe(self, date: str) -> None:
         """An answer's ``Date`` header, just received (an unreadable one is ignored)."""
@@ -83,10 +89,17 @@ class ServerClock:
         except (TypeError, ValueError, IndexError):
             return
         bound = server - self.clock.monotonic()
-        if self._offset is None or abs(bound - self._offset) > self.STEP_S:
-            self._offset = bound
-        else:
-            self._offset = max(self._offset, bound)
+        with self._lock:
+            if self._offset is None:
+                self._offset = bound
+            elif abs(bound - self._offset) <= self.STEP_S:
+                self._offset, self._step = max(self._offset, bound), None
+            else:
+                seen, votes = self._step or (bound, 0)
+                votes = votes + 1 if abs(bound - seen) <= self.STEP_S else 1
+                self._step = (max(seen, bound) if votes > 1 else bound, votes)
+                if votes >= self.CONFIRM:
+                    self._offset, self._step = self._step[0], None
 
     @property
     def known(self) -> bool:

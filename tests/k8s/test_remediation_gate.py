@@ -8,6 +8,7 @@ a case needs it, another for the API server.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +437,58 @@ def test_a_list_comes_in_pages_and_misses_nothing(kube: FakeKube, kubeconfig: Pa
     items, version = make_api(kubeconfig).list("nodes", page=2)
     assert sorted(n["metadata"]["name"] for n in items) == [f"p{i}" for i in range(5)]
     assert kube.pages - before == 3 and version
+
+
+# -- the ledger itself fails safe ----------------------------------------------------------------
+async def test_a_trip_whose_write_failed_still_holds_and_is_written_later(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=4, breakerPercent=25, maxUnavailablePercent=100)
+    r = c.remediator()
+    await drain(c, r, "n0")
+    assert c.node("n0")["spec"]["unschedulable"] is True
+    kube.fail_next[("PUT", "configmaps/edgegpu-remediation-breaker")] = 500  # the trip's write
+    await drain(c, r, "n1")
+    assert not c.node("n1")["spec"].get("unschedulable")
+    for _ in range(3):  # read again while it stands: the trip is not lost to the closed copy
+        c.clock.advance(10.0)
+        await drain(c, r, "n2")
+    assert not c.node("n2")["spec"].get("unschedulable")
+    assert _breaker(kube)["data"]["state"] == "tripped"
+
+
+async def test_an_eviction_with_no_answer_still_counts(kube: FakeKube, kubeconfig: Path) -> None:
+    c = Cluster(kube, kubeconfig, count=1)
+    c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
+    r = Remediator(
+        c.state, make_api(kubeconfig), ExtenderMetrics(CollectorRegistry(), c.state),
+        lambda _s: True, timeout_s=0.5,
+    )  # fmt: skip
+    kube.hang[("POST", r"/pods/hot/eviction")] = threading.Event()
+    for _ in range(2):
+        c.seq += 1
+        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        await r.step()
+        c.clock.advance(121.0)
+    kube.hang[("POST", r"/pods/hot/eviction")].set()
+    assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1  # it may have been made
+
+
+async def test_a_ledger_with_times_out_of_range_is_tripped_and_stops_no_round(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=1)
+    c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
+    odd = {"state": "closed", "since": "2026-01-01T00:00:00Z",
+           "evictions": json.dumps(["9999-12-31T23:59:59-01:00"]), "cordons": "{}"}  # fmt: skip
+    kube.put("configmaps", {"metadata": {"name": BREAKER[1], "namespace": BREAKER[2]},
+                            "data": odd})  # fmt: skip
+    registry = CollectorRegistry()
+    r = _remediator(c, registry)
+    for _ in range(2):
+        c.seq += 1
+        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        await r.step()
+        c.clock.advance(121.0)
+    assert "hot" in c.pods()
+    assert _counted(registry, "evict", "thermal", "breaker") >= 1

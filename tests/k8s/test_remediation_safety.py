@@ -519,11 +519,14 @@ async def test_one_cordon_too_many_in_the_window_trips_the_breaker_until_an_oper
     (waiting,) = {"n0", "n1", "n2"} - cordoned
     assert not c.node(waiting)["spec"].get("unschedulable")
     kube.delete("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")  # the reset
+    c.clock.advance(2.5)  # a tripped breaker is read again every round
     c.push(waiting, 0)
     await r.step()
-    assert c.node(waiting)["spec"]["unschedulable"] is True
     reset = kube.get("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
     assert reset is not None and reset["data"]["state"] == "closed"
+    # Two of four are still held: the ceiling (breakerPercent as a level) keeps the third back.
+    assert not c.node(waiting)["spec"].get("unschedulable")
+    assert "ceiling" in c.record(waiting)["waiting"]
 
 
 async def test_a_cordon_that_races_an_operators_cordon_is_decided_again_not_replayed(
@@ -621,13 +624,24 @@ async def test_a_reset_within_the_window_counts_only_the_cordons_after_it(
     c = Cluster(kube, kubeconfig, count=4, breakerPercent=50, maxUnavailablePercent=100)
     r = c.remediator()
     await _trip(c, r, ("n0", "n1", "n2"))
-    waiting = [n for n in ("n0", "n1", "n2") if not c.node(n)["spec"].get("unschedulable")]
+    held = [n for n in ("n0", "n1", "n2") if c.node(n)["spec"].get("unschedulable")]
+    waiting = [n for n in ("n0", "n1", "n2") if n not in held]
+    await r.step()  # drained (no pods): self-tests asked
+    for n in held:  # the two cordoned recover: the breaker stays tripped, no node is held
+        c.self_test = {"id": r.requests(n)["self_test"]["id"], "verdict": "pass", "detail": ""}
+        c.push(n)
+        await r.step()
+        assert c.record(n) is None
+    c.self_test = None
     c.clock.advance(600.0)
-    kube.delete("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
-    for n in ("n0", "n1", "n2"):
-        c.push(n, 0)
+    c.push(waiting[0], 0)
     await r.step()
-    assert all(c.node(n)["spec"].get("unschedulable") for n in waiting)
+    assert not c.node(waiting[0])["spec"].get("unschedulable")  # tripped until a reset
+    kube.delete("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
+    c.clock.advance(2.5)
+    c.push(waiting[0], 0)
+    await r.step()
+    assert c.node(waiting[0])["spec"].get("unschedulable")
     breaker = kube.get("configmaps", "edgegpu-remediation-breaker", "edgegpu-system")
     assert breaker is not None and breaker["data"]["state"] == "closed"
 
