@@ -52,6 +52,15 @@ def _settle(c: Cluster, *names: str) -> None:
             c.state.release(f"uid-{name}")
 
 
+async def _hot_past_migrate_after(c: Cluster, r: Remediator) -> None:
+    """GPU 0 of n0 hot in two reports, 121 s apart: past migrateAfter (2m) in the second."""
+    for _ in range(2):
+        c.seq += 1
+        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        await r.step()
+        c.clock.advance(121.0)
+
+
 def _opt_out(c: Cluster, node: str) -> None:
     c.live(node)["metadata"]["labels"][REMEDIATION_OPT_OUT] = "disabled"
     c.kube.put("nodes", c.live(node))
@@ -465,11 +474,7 @@ async def test_an_eviction_with_no_answer_still_counts(kube: FakeKube, kubeconfi
         lambda _s: True, timeout_s=0.5,
     )  # fmt: skip
     kube.hang[("POST", r"/pods/hot/eviction")] = threading.Event()
-    for _ in range(2):
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
-        await r.step()
-        c.clock.advance(121.0)
+    await _hot_past_migrate_after(c, r)
     kube.hang[("POST", r"/pods/hot/eviction")].set()
     assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1  # it may have been made
 
@@ -485,10 +490,6 @@ async def test_a_ledger_with_times_out_of_range_is_tripped_and_stops_no_round(
                             "data": odd})  # fmt: skip
     registry = CollectorRegistry()
     r = _remediator(c, registry)
-    for _ in range(2):
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
-        await r.step()
-        c.clock.advance(121.0)
+    await _hot_past_migrate_after(c, r)
     assert "hot" in c.pods()
     assert _counted(registry, "evict", "thermal", "breaker") >= 1
