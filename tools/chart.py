@@ -21,6 +21,25 @@ ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 CHART = ROOT / "charts" / "edgegpu"
 NAMESPACE = "edgegpu-system"
+AGENT_NODES = (
+    ("feature.node.kubernetes.io/pci-10de.present", "true"),  # NFD: an NVIDIA PCI device
+    ("nvidia.com/gpu.present", "true"),  # the GPU Operator's feature discovery
+    ("accelerator", "nvidia-tesla"),  # the seed guide's label
+    ("edgegpu.io/gpu", "true"),  # ours, for any other node
+)
+"""Labels of which any one makes a node the agent's (the DaemonSet's required node affinity)."""
+AGENT_AFFINITY = (
+    "      affinity:\n        nodeAffinity:\n"
+    "          requiredDuringSchedulingIgnoredDuringExecution:\n"
+    "            nodeSelectorTerms:       # any one: NVIDIA GPU nodes as NFD, the GPU Operator or "
+    "the seed label them\n"
+    + "".join(
+        f"              - matchExpressions: [{{key: {k}, operator: In, values: "
+        f"[{chr(34) + v + chr(34) if v == 'true' else v}]}}]\n"
+        for k, v in AGENT_NODES
+    )
+)
+"""The manifest's text of that affinity (replaced by the chart's values)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +68,21 @@ def _values() -> dict[str, Any]:
         "nodeAgent": {
             "image": f"edgegpu/node-agent:{tags['edgegpu/node-agent']}",
             "backend": "nvml",
-            "nodeSelector": {"accelerator": "nvidia-tesla"},
+            "nodeSelector": {},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": key, "operator": "In", "values": [value]}
+                                ]
+                            }
+                            for key, value in AGENT_NODES
+                        ]
+                    }
+                }
+            },
             "tolerations": [{"operator": "Exists"}],
             "powerControl": True,
             "privileged": True,
@@ -82,7 +115,9 @@ _COMMENTS = {
     "nodeAgent:": "# The DaemonSet on GPU nodes. backend: nvml, amd, intel, jetson or simulated. "
     "KubeEdge edge\n# nodes are tainted: the default toleration takes every taint. "
     "powerControl: false and\n# privileged: false run the agent read-only (it reports, "
-    "it cannot cap a hot GPU).\n# protection: the agent's own "
+    "it cannot cap a hot GPU).\n# affinity: any NVIDIA GPU node as NFD, the GPU Operator or the "
+    "seed label it, or a node\n# labelled edgegpu.io/gpu=true (nodeSelector narrows it further)."
+    "\n# protection: the agent's own "
     "thermal protection and power saving; the policy may make them\n# stricter, never looser "
     "(docs/policy.md).",
     "policyName:": "# The GPUSchedulingPolicy the extender follows, and its spec "
@@ -133,8 +168,11 @@ _SUBSTITUTIONS = (
     ),
     Value(
         "node-agent/daemonset.yaml",
-        "      nodeSelector:\n        accelerator: nvidia-tesla\n",
-        "      nodeSelector:\n        {{- toYaml .Values.nodeAgent.nodeSelector | nindent 8 }}\n",
+        AGENT_AFFINITY,
+        "      {{- with .Values.nodeAgent.nodeSelector }}\n      nodeSelector:\n"
+        "        {{- toYaml . | nindent 8 }}\n      {{- end }}\n"
+        "      {{- with .Values.nodeAgent.affinity }}\n      affinity:\n"
+        "        {{- toYaml . | nindent 8 }}\n      {{- end }}\n",
     ),
     Value(
         "node-agent/daemonset.yaml",

@@ -194,7 +194,8 @@ def test_other_values_render_valid_objects_that_carry_them():
     assert prometheus["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "observability"
     }
-    assert agent["nodeSelector"] == {"accelerator": "nvidia-tesla", "gpu": "amd-mi210"}
+    assert agent["nodeSelector"] == {"gpu": "amd-mi210"}
+    assert agent["affinity"]["nodeAffinity"]  # the GPU-node labels still, unless set otherwise
     assert agent["tolerations"] == [
         {"key": "node-role.kubernetes.io/edge", "operator": "Exists", "effect": "NoSchedule"}
     ]

@@ -170,7 +170,15 @@ def test_the_extender_role_allows_what_the_code_calls_and_nothing_broader():
 def test_the_node_agent_daemonset_is_the_seed_shape_and_agrees_with_the_agent():
     ds = by_kind("DaemonSet", "edgegpu-node-agent")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"accelerator": "nvidia-tesla"}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    wanted = [
+        (e["key"], e["values"]) for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]
+    ]
+    # Any one of them: NFD's and the GPU Operator's labels, the seed's, our own.
+    assert wanted == [("feature.node.kubernetes.io/pci-10de.present", ["true"]),
+                      ("nvidia.com/gpu.present", ["true"]), ("accelerator", ["nvidia-tesla"]),
+                      ("edgegpu.io/gpu", ["true"])]  # fmt: skip
+    assert "nodeSelector" not in pod
     assert {"operator": "Exists"} in pod["tolerations"]
     (c,) = pod["containers"]
     env = {e["name"]: e for e in c["env"]}
