@@ -12,12 +12,15 @@ METRICS_PORT ?= 9400
 .PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
+	@echo "creating $(VENV) and installing edgegpu with its test tools (a minute or so, once)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "installing the project and its dependencies..."
+	$(PY) -m pip install --quiet --progress-bar off -e '.[dev]'
+	@echo "done: $(VENV) is ready"
 	@touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the project with every extra
