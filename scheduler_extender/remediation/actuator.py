@@ -93,6 +93,7 @@ class Actuator:
         self._evicted: dict[str, float] = {}
         """Pod uids evicted, and when (monotonic)."""
         self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
+        self._no_time_said: float | None = None
         """(namespace, kind, name, uid, reason, type) → (Event name, count, monotonic)."""
 
     def now(self) -> float:
@@ -103,10 +104,18 @@ class Actuator:
         """Learn the API server's time (one read) when no answer has told it yet."""
         if self.server.known:
             return
+        why = "its answers carry no readable Date header"
         try:
             await self.read_config_map(namespace, name)
         except KubeError as exc:
-            log.warning("remediation: the API server's time is not known yet: %s", exc)
+            why = str(exc)
+        mono = self.clock.monotonic()
+        if not self.server.known and (
+            self._no_time_said is None or mono - self._no_time_said >= 60.0
+        ):
+            self._no_time_said = mono  # said once a minute: nothing is done until it is known
+            log.warning("remediation: the API server's time is not known (%s): acting on "
+                        "nothing until it is", why)  # fmt: skip
 
     # -- the gate ------------------------------------------------------------------------------
     def refusal(self, node: str, args: RemediationArgs, *, fresh: bool = True) -> str | None:

@@ -102,14 +102,23 @@ class Breaker:
         self._read_at: float | None = None
         self._pending: list[Entry] = []
         """Reserved here but not written down yet."""
+        self._cancelled: list[Entry] = []
+        """Taken back here but maybe still in the ConfigMap (removed from whatever is read)."""
         self._unsaved_trip = ""
         """The reason of a trip not written yet (it holds whatever the ConfigMap says)."""
         self._failed_at: float | None = None
+        self._said: str | None = None
+        """The version of an unreadable ConfigMap last logged (and said in an Event)."""
 
     def reset(self) -> None:
-        """Not leading: read the ledger back when leading again (what is pending stays)."""
+        """Not leading: read the ledger back when leading again.
+
+        What is pending or taken back stays (written by the next leader's save); a trip not
+        written is dropped: the entries behind it are written, so it is decided again from them.
+        """
         self.tripped = None
         self._read_at = None
+        self._unsaved_trip = ""
 
     # -- the ConfigMap -------------------------------------------------------------------------
     def _parse(self, doc: JsonDict) -> None:
@@ -152,6 +161,10 @@ class Breaker:
                     self.evictions.append(t)
             elif t not in self.cordons.setdefault(node, []):
                 self.cordons[node].append(t)
+        for what, node, t in self._cancelled:
+            held = self.evictions if what == "evict" else self.cordons.get(node, [])
+            if t in held:
+                held.remove(t)
 
     def _data(self, window_s: float) -> dict[str, str]:
         start = self.act.now() - max(window_s, 60.0)
@@ -175,6 +188,13 @@ class Breaker:
             log.warning("remediation: circuit breaker closed (reset)")
         else:
             self._parse(doc)
+            if self.reason.startswith("unreadable") and self._said != self._version:
+                self._said = self._version  # said once for each version of the ConfigMap
+                log.error("remediation: circuit breaker tripped: %s", self.reason)
+                ref = {"kind": "ConfigMap", "namespace": self.namespace, "name": CONFIG_MAP}
+                await self.act.event(
+                    ref, "EdgeGPURemediationBreakerTripped", self.reason, "Warning"
+                )
         self._merge_pending()
         self._read_at = self.act.clock.monotonic()
         self.act.metrics.remediation_breaker.set(1 if self.tripped else 0)
@@ -194,8 +214,12 @@ class Breaker:
                 continue
             self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
             self._pending.clear()
+            self._cancelled.clear()
             self._unsaved_trip = ""
             return
+
+    def _unwritten(self) -> bool:
+        return bool(self._pending or self._cancelled or self._unsaved_trip)
 
     async def _ready(self, args: RemediationArgs) -> bool:
         """The ledger read (again while tripped or old) and nothing left unwritten."""
@@ -206,9 +230,9 @@ class Breaker:
         try:
             if self._read_at is None or self.tripped is None or now - self._read_at > reread:
                 await self._read()
-                if self._version is None or self._pending or self._unsaved_trip:
+                if self._version is None or self._unwritten():
                     await self._save(args.breaker_window_s)
-            elif self._pending or self._unsaved_trip:
+            elif self._unwritten():
                 await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: the circuit breaker's ConfigMap: %s", exc)
@@ -224,7 +248,7 @@ class Breaker:
         self._unsaved_trip = reason
         try:
             await self._save(args.breaker_window_s)
-        except KubeError as exc:
+        except KubeError as exc:  # held until written (dropped when leadership is lost)
             log.warning("remediation: writing the tripped circuit breaker: %s", exc)
         ref = {"kind": "ConfigMap", "namespace": self.namespace, "name": CONFIG_MAP}
         await self.act.event(ref, "EdgeGPURemediationBreakerTripped", reason, "Warning")
@@ -289,19 +313,35 @@ class Breaker:
             await self._save(args.breaker_window_s)
         except KubeError as exc:
             log.warning("remediation: writing down a %s in the breaker's ConfigMap: %s", what, exc)
-            self._pending.remove(entry)
+            self.cancel(entry)  # it is not made (a write that landed anyway is taken back)
             self._failed_at = self.act.clock.monotonic()
             return None
+        except BaseException:
+            self.cancel(entry)  # not leading, or the round was cancelled: not made either
+            raise
         return entry
 
     def cancel(self, entry: Entry) -> None:
-        """Take back an entry whose action was definitely not made (written with the next)."""
-        what, node, t = entry
+        """Take back an entry whose action was definitely not made.
+
+        Removed here at once and from every read of the ConfigMap until a save has written
+        the ledger without it.
+        """
         if entry in self._pending:
             self._pending.remove(entry)
-        held = self.evictions if what == "evict" else self.cordons.get(node, [])
-        if t in held:
-            held.remove(t)
+        if entry not in self._cancelled:
+            self._cancelled.append(entry)
+        self._merge_pending()
+
+    async def flush(self, args: RemediationArgs) -> None:
+        """At the end of a round: write what was taken back (or is pending) and not written."""
+        if self.tripped is None or not self._unwritten():
+            return  # not read back yet: the next round's read comes first
+        try:
+            await self._save(args.breaker_window_s)
+        except KubeError as exc:
+            log.warning("remediation: the circuit breaker's ConfigMap: %s", exc)
+            self._failed_at = self.act.clock.monotonic()
 
     def view(self) -> dict[str, Any]:
         """What the ledger holds, as last read or written."""

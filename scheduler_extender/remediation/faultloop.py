@@ -91,6 +91,8 @@ class FaultLoop:
         """Dry run: pods already logged as ones the loop would evict."""
         self._unreachable: dict[str, float] = {}
         """Nodes NotReady with a silent agent: since when this replica saw it (monotonic)."""
+        self._refused: dict[str, tuple[int, float]] = {}
+        """Node → cordons the API refused in a row, and when to try again (monotonic)."""
 
     def reset(self) -> None:
         """Leadership lost or remediation off: forget everything but what the nodes hold."""
@@ -99,6 +101,7 @@ class FaultLoop:
         self._known.clear()
         self._planned.clear()
         self._unreachable.clear()  # seen again from the start when acting again
+        self._refused.clear()
         self.breaker.reset()
 
     # -- what the agents are asked -------------------------------------------------------------
@@ -356,6 +359,9 @@ class FaultLoop:
                     window_s=args.repeat_window_s,
                 )  # fmt: skip
                 entry = None
+                refusals, retry_at = self._refused.get(name, (0, 0.0))
+                if Action.CORDON in writes and self.act.clock.monotonic() < retry_at:
+                    return  # refused a moment ago: backing off (up to a minute)
                 if Action.CORDON in writes:  # written down before it is made
                     entry = await self.breaker.reserve("cordon", name, args)
                     if entry is None:
@@ -373,12 +379,16 @@ class FaultLoop:
                     log.warning("remediation: node %s: %s failed: %s", name, writes, exc)
                     if entry is not None and exc.status in DEFINITE:
                         self.breaker.cancel(entry)
+                    if entry is not None:
+                        wait = min(60.0, 2.0**refusals)
+                        self._refused[name] = (refusals + 1, self.act.clock.monotonic() + wait)
                     for action in writes:
                         self.act.metrics.remediation.labels(
                             action.value, "gpu_fault", "failed"
                         ).inc()
                     return
                 self._known[name] = text
+                self._refused.pop(name, None)
                 await self.act.set_condition(name, marks.condition(new, self.act.now()))
                 if Action.CORDON in writes and obs.tainted:
                     message = (

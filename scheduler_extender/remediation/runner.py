@@ -115,6 +115,11 @@ class Remediator:
                 continue
             if what == "thermal migration" and out:
                 due = out
+        try:
+            await self.act.breaker.flush(args)
+        except NotLeading:
+            self.faults.reset()
+            self.budgets.reset()
         return due
 
     def view(self) -> list[dict[str, Any]]:

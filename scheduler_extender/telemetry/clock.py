@@ -66,11 +66,13 @@ class ServerClock:
     that wrote it did: the API server's clock is the only one the replicas share. Between two
     answers the time runs on by the local monotonic clock, so a step of the local wall clock
     changes nothing. ``Date`` has whole seconds: each answer gives a lower bound of the offset
-    and the largest is kept (within a second of the truth). A bound more than ``STEP_S`` away
-    is taken only once ``CONFIRM`` answers in a row agree on it (the server's clock stepped;
-    one odd answer, from a proxy or a late reply, moves nothing).
+    and the largest is kept (within a second of the truth), so a true bound is never more than
+    ``RISE_S`` above the one kept. One higher than that, or more than ``STEP_S`` below, is taken
+    only once ``CONFIRM`` answers in a row agree on it (the server's clock stepped; odd answers,
+    from a proxy or a late reply, move nothing, nor can a run of them walk the clock on).
     """
 
+    RISE_S = 1.0
     STEP_S = 2.0
     CONFIRM = 3
 
@@ -78,8 +80,8 @@ class ServerClock:
         self.clock = clock
         self._offset: float | None = None
         """Server time minus local monotonic time; None until an answer was seen."""
-        self._step: tuple[float, int] | None = None
-        """A step not confirmed yet: its offset, and how many answers in a row said so."""
+        self._step: tuple[float, float, int] | None = None
+        """A step not confirmed yet: its first and largest offset, and how many said so."""
         self._lock = threading.Lock()
 
     def observe(self, date: str) -> None:
@@ -92,14 +94,16 @@ class ServerClock:
         with self._lock:
             if self._offset is None:
                 self._offset = bound
-            elif abs(bound - self._offset) <= self.STEP_S:
+            elif -self.STEP_S <= bound - self._offset <= self.RISE_S:
                 self._offset, self._step = max(self._offset, bound), None
-            else:
-                seen, votes = self._step or (bound, 0)
-                votes = votes + 1 if abs(bound - seen) <= self.STEP_S else 1
-                self._step = (max(seen, bound) if votes > 1 else bound, votes)
-                if votes >= self.CONFIRM:
-                    self._offset, self._step = self._step[0], None
+            else:  # a step: answers in a row within STEP_S of the first of them confirm it
+                first, best, votes = self._step or (bound, bound, 0)
+                if abs(bound - first) <= self.STEP_S:
+                    self._step = (first, max(best, bound), votes + 1)
+                else:
+                    self._step = (bound, bound, 1)
+                if self._step[2] >= self.CONFIRM:
+                    self._offset, self._step = self._step[1], None
 
     @property
     def known(self) -> bool:

@@ -44,3 +44,13 @@ def test_whole_second_dates_converge_on_the_servers_time_and_steps_are_taken() -
     for _ in range(3):  # the server's clock stepped back an hour: three answers say so
         server.observe(_date(truth + 0.8 - 3600.0))
     assert abs(server.now() - (before - 3600.0)) <= 1.0
+
+
+def test_answers_a_little_ahead_each_time_do_not_walk_the_clock_on() -> None:
+    local = FakeClock(wall_start=0.0)
+    server = ServerClock(local)
+    truth = 1_790_000_000.0
+    server.observe(_date(truth))
+    for i in range(1, 11):  # each 1.9 s further ahead than the last: never three that agree
+        server.observe(_date(truth + 1.9 * i))
+    assert abs(server.now() - truth) <= 1.0

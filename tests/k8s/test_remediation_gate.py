@@ -493,3 +493,79 @@ async def test_a_ledger_with_times_out_of_range_is_tripped_and_stops_no_round(
     await _hot_past_migrate_after(c, r)
     assert "hot" in c.pods()
     assert _counted(registry, "evict", "thermal", "breaker") >= 1
+    said = c.events("EdgeGPURemediationBreakerTripped")  # said, once for this content
+    assert len(said) == 1 and said[0].get("count", 1) == 1 and "unreadable" in said[0]["message"]
+
+
+async def test_evictions_a_budget_refuses_are_taken_back_from_the_ledger_for_good(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=1, breakerEvictions=2)
+    c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
+    registry = CollectorRegistry()
+    r = _remediator(c, registry)
+    kube.refuse[("POST", r"/pods/hot/eviction$")] = 429  # a PodDisruptionBudget says no
+    for _ in range(6):  # past migrateAfter in every round but the first, ledger read again
+        c.seq += 1
+        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        await r.step()
+        c.clock.advance(121.0)
+    refused = _evictions(kube)
+    assert refused >= 3 and _counted(registry, "evict", "thermal", "blocked") == refused
+    data = _breaker(kube)["data"]
+    assert data["state"] == "closed" and json.loads(data["evictions"]) == []
+    del kube.refuse[("POST", r"/pods/hot/eviction$")]
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    await r.step()
+    assert "hot" not in c.pods()
+    assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1
+
+
+async def test_an_eviction_whose_reservation_failed_is_never_counted(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=1)
+    c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
+    r = _remediator(c, CollectorRegistry())
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    await r.step()  # the ledger is made (a create)
+    c.clock.advance(121.0)
+    kube.fail_next[("PUT", "configmaps/edgegpu-remediation-breaker")] = 500  # the reservation
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    await r.step()
+    assert "hot" in c.pods() and _evictions(kube) == 0
+    for _ in range(2):
+        c.clock.advance(10.0)
+        c.seq += 1
+        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        await r.step()
+    assert "hot" not in c.pods() and _evictions(kube) == 1
+    assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1  # the evicted one alone
+
+
+async def test_a_cordon_the_api_refuses_is_not_counted_and_is_tried_again_less_often(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=4, breakerPercent=25, maxUnavailablePercent=100)
+    r = c.remediator()
+    kube.refuse[("PATCH", r"/nodes/n0$")] = 422  # e.g. a webhook that rejects the patch
+    await drain(c, r, "n0")
+    for _ in range(6):
+        c.clock.advance(1.0)
+        c.push("n0", 0)
+        await r.step()
+    patches = [m for m, _ in kube.requests_to(r"/nodes/n0$") if m == "PATCH"]
+    assert 1 <= len(patches) <= 3  # backing off: 1 s, 2 s, 4 s...
+    c.clock.advance(20.0)
+    await r.step()
+    assert json.loads(_breaker(kube)["data"]["cordons"]) == {}
+    del kube.refuse[("PATCH", r"/nodes/n0$")]
+    c.clock.advance(60.0)
+    c.push("n0", 0)
+    await r.step()
+    assert c.node("n0")["spec"]["unschedulable"] is True
+    data = _breaker(kube)["data"]
+    assert data["state"] == "closed" and len(json.loads(data["cordons"])["n0"]) == 1
