@@ -93,8 +93,9 @@ class Actuator:
         self._evicted: dict[str, float] = {}
         """Pod uids evicted, and when (monotonic)."""
         self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
-        self._no_time_said: float | None = None
         """(namespace, kind, name, uid, reason, type) → (Event name, count, monotonic)."""
+        self._no_time_said: float | None = None
+        """When "the API server's time is not known" was last logged (monotonic)."""
 
     def now(self) -> float:
         """Seconds since the epoch on the API server's clock (see ``ServerClock``)."""

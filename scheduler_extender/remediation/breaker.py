@@ -121,7 +121,8 @@ class Breaker:
         self._unsaved_trip = ""
 
     # -- the ConfigMap -------------------------------------------------------------------------
-    def _parse(self, doc: JsonDict) -> None:
+    def _parse(self, doc: JsonDict) -> bool:
+        """Take the ledger from the ConfigMap; False when it is unreadable (then tripped)."""
         data = doc.get("data") or {}
         self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
         now = self.act.now()
@@ -142,11 +143,13 @@ class Breaker:
         # Anything but a closed breaker we can read is a tripped one: only deleting it resets.
         self.tripped = state != CLOSED
         self.since, self.cordons, self.evictions = since, cordons, evictions
+        readable = state in (TRIPPED, CLOSED)
         self.reason = (
             str(data.get("reason", ""))
-            if state in (TRIPPED, CLOSED)
+            if readable
             else f"unreadable ConfigMap {CONFIG_MAP}: delete it to reset the breaker"
         )
+        return readable
 
     def _fresh_ledger(self, why: str) -> None:
         self.tripped, self.since, self.reason = False, self.act.now(), why
@@ -187,8 +190,7 @@ class Breaker:
             self._fresh_ledger("reset: no breaker state found")
             log.warning("remediation: circuit breaker closed (reset)")
         else:
-            self._parse(doc)
-            if self.reason.startswith("unreadable") and self._said != self._version:
+            if not self._parse(doc) and self._said != self._version:
                 self._said = self._version  # said once for each version of the ConfigMap
                 log.error("remediation: circuit breaker tripped: %s", self.reason)
                 ref = {"kind": "ConfigMap", "namespace": self.namespace, "name": CONFIG_MAP}

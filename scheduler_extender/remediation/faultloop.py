@@ -360,9 +360,9 @@ class FaultLoop:
                 )  # fmt: skip
                 entry = None
                 refusals, retry_at = self._refused.get(name, (0, 0.0))
-                if Action.CORDON in writes and self.act.clock.monotonic() < retry_at:
-                    return  # refused a moment ago: backing off (up to a minute)
                 if Action.CORDON in writes:  # written down before it is made
+                    if self.act.clock.monotonic() < retry_at:
+                        return  # refused a moment ago: backing off (up to a minute)
                     entry = await self.breaker.reserve("cordon", name, args)
                     if entry is None:
                         return

@@ -88,9 +88,7 @@ class Remediator:
         """
         args = self.state.policy.spec.remediation
         if not args.enabled or not self.leading(0.0) or args.paused:
-            # What was seen while not acting starts over (grace periods, unreachable times).
-            self.faults.reset()
-            self.budgets.reset()
+            self._stand_down()
             if args.paused and args.enabled and not self._paused_said:
                 log.warning("remediation is paused (spec.remediation.paused): acting on nothing")
                 self._paused_said = True
@@ -107,8 +105,7 @@ class Remediator:
                 out = await run()
             except NotLeading as exc:
                 log.warning("remediation: leadership lost before %s: round stopped", exc)
-                self.faults.reset()
-                self.budgets.reset()
+                self._stand_down()
                 return []
             except Exception:  # one controller's failure never stops the others
                 log.exception("remediation: %s failed this round; carrying on", what)
@@ -118,9 +115,13 @@ class Remediator:
         try:
             await self.act.breaker.flush(args)
         except NotLeading:
-            self.faults.reset()
-            self.budgets.reset()
+            self._stand_down()
         return due
+
+    def _stand_down(self) -> None:
+        """Not acting: what was seen starts over (grace periods, unreachable times, ledger)."""
+        self.faults.reset()
+        self.budgets.reset()
 
     def view(self) -> list[dict[str, Any]]:
         """``GET /debug/remediation``: every node not healthy, its history and next step."""
