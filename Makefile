@@ -64,7 +64,8 @@ proto: $(STAMP) ## regenerate the device plugin's gRPC modules from node_agent/d
 generate: $(STAMP) ## regenerate the GPU reading fields of the telemetry structs from scheduler_extender/telemetry/fields.py
 	$(PY) -m tools.gen_fields
 
-e2e: $(STAMP) ## the e2e suite on a real control plane built from the Kubernetes Go modules (first build: minutes)
+e2e: $(STAMP) ## the e2e suite: a real control plane and real kubelet nodes built from the Kubernetes Go modules, Debian containerd (first build: minutes)
+	bash tests/e2e/install-node.sh
 	bash tests/e2e/build-controlplane.sh >/dev/null
 	EDGEGPU_E2E=1 $(PY) -m pytest tests/e2e -p no:randomly $(E2E_ARGS)
 

@@ -3,12 +3,12 @@
 #   ${EDGEGPU_E2E_CACHE:-~/.cache/edgegpu-e2e}/<kubernetes version>-<source hash>/
 # and prints that folder. A folder already built for the same sources is reused.
 # EDGEGPU_E2E_BIN, when set, names a folder of ready binaries (etcd, kube-apiserver,
-# kube-scheduler, kube-controller-manager, kubectl) to use instead: nothing is built.
+# kube-scheduler, kube-controller-manager, kubelet, kubectl) to use instead: nothing is built.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/controlplane" && pwd)"
 
 if [[ -n "${EDGEGPU_E2E_BIN:-}" ]]; then
-    for c in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+    for c in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl; do
         [[ -x "$EDGEGPU_E2E_BIN/$c" ]] || { echo "EDGEGPU_E2E_BIN: no executable $EDGEGPU_E2E_BIN/$c" >&2; exit 2; }
     done
     echo "$EDGEGPU_E2E_BIN"
@@ -33,7 +33,7 @@ if [[ ! -x "$out/controlplane" ]]; then
     mv "$out/controlplane.tmp" "$out/controlplane"
     echo "build-controlplane: built in $((SECONDS - start)) s" >&2
 fi
-for c in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+for c in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl; do
     ln -sf controlplane "$out/$c"
 done
 "$out/controlplane" version | sed 's/^/build-controlplane: /' >&2

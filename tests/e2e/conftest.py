@@ -31,6 +31,7 @@ from tests.e2e.edgegpu import (
     install,
 )
 from tests.e2e.fake_kubelet import FakeKubelet
+from tests.e2e.realnode import RealNode
 
 E2E = os.environ.get("EDGEGPU_E2E") == "1"
 
@@ -42,6 +43,10 @@ NODES: list[tuple[str, int, str, str]] = [
     ("hot-0", 1, "overheat", "rack-b"),
     ("xid-0", 1, "xid-79", "rack-b"),
 ]
+
+REAL_NODES: list[tuple[str, int, str]] = [("real-0", 2, "rack-r"), ("real-1", 2, "rack-r")]
+"""Nodes run by the real kubelet, containerd and runc (name, GPUs, rack): two Tesla T4 each."""
+REAL_AGENT_ARGS = ["--load-pct", "0", "--model", "Tesla T4"]
 
 SUITE_LABELS: dict[str, dict[str, str]] = {
     # test_remediation turns the fault loop on, and the scheduling cases after it count on
@@ -78,6 +83,7 @@ class Cluster:
     scheduler: EdgegpuScheduler
     agents: dict[str, Agent] = field(default_factory=dict)
     installed: list[str] = field(default_factory=list)
+    real: dict[str, RealNode] = field(default_factory=dict)
 
     def pod(
         self,
@@ -183,6 +189,10 @@ class Cluster:
         """Every component's log tail."""
         return self.cp.logs()
 
+    def all_nodes(self) -> list[str]:
+        """Every GPU node of the cluster: the fake kubelet's and the real ones."""
+        return [n for n, *_ in NODES] + list(self.real)
+
 
 def start_cluster(
     folder: Path,
@@ -190,10 +200,12 @@ def start_cluster(
     agent_interval_s: float = 1.0,
     settle: bool = True,
     labels: dict[str, dict[str, str]] | None = None,
+    real_nodes: list[tuple[str, int, str]] | None = None,
 ) -> Cluster:
     """Start it all; the caller stops it with ``stop_cluster``.
 
-    ``labels``: extra labels of some nodes, by name. Returns once every node has reported to
+    ``labels``: extra labels of some nodes, by name; ``real_nodes``: nodes run by the real
+    kubelet (``tests/e2e/realnode.py``), beside the fake kubelet's. Returns once every node has reported to
     every replica and, with ``settle``, once hot-0's GPU is hot and xid-0's unhealthy there
     (the suite's tests count on both). When it raises (KeyboardInterrupt too), what had
     started is stopped already.
@@ -212,6 +224,11 @@ def start_cluster(
         for name, gpus, _, rack in NODES:
             every = {"accelerator": "nvidia-tesla", "edgegpu.io/rack": rack}
             kubelet.add_node(name, gpus=gpus, labels={**every, **(labels or {}).get(name, {})})
+        for index, (name, _, rack) in enumerate(real_nodes or []):
+            node = RealNode(cp, name, index, labels={"accelerator": "nvidia-tesla",
+                                                     "edgegpu.io/rack": rack})  # fmt: skip
+            cluster.real[name] = node
+            node.start()
         cluster.installed = install(cp)
         for ext in extenders:
             ext.start()
@@ -223,12 +240,20 @@ def start_cluster(
                           interval_s=agent_interval_s, extra_args=args)  # fmt: skip
             agent.start()
             cluster.agents[name] = agent
+        for seed, (name, gpus, _) in enumerate(real_nodes or [], start=len(NODES)):
+            real = cluster.real[name]
+            args = [*REAL_AGENT_ARGS, "--device-plugin", "--kubelet-dir", str(real.device_plugins),
+                    "--pod-resources-socket", str(real.pod_resources_socket)]  # fmt: skip
+            agent = Agent(cp, name, gpus, urls, seed=seed, interval_s=agent_interval_s,
+                          extra_args=args, host_process=True)  # fmt: skip
+            agent.start()
+            cluster.agents[name] = agent
         scheduler.start()
 
         def settled() -> bool:
             for ext in extenders:
                 rows = {r["node"]: r for r in ext.get("/debug/nodes")["nodes"]}
-                if not all(rows.get(n, {}).get("reported") for n, *_ in NODES):
+                if not all(rows.get(n, {}).get("reported") for n in cluster.all_nodes()):
                     return False
                 if not settle:
                     continue
@@ -267,6 +292,10 @@ def stop_cluster(cluster: Cluster) -> None:
     cluster.scheduler.stop()
     cluster.balancer.stop()
     cluster.kubelet.stop()
+    for agent in cluster.agents.values():
+        agent.stop()  # before its node: the agent holds the node's device-plugin socket
+    for node in cluster.real.values():
+        node.stop()
     cluster.cp.stop()
 
 
@@ -274,7 +303,7 @@ def stop_cluster(cluster: Cluster) -> None:
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     folder = Path(tempfile.mkdtemp(prefix="edgegpu-e2e-"))
     started = time.monotonic()
-    c = start_cluster(folder, labels=SUITE_LABELS)
+    c = start_cluster(folder, labels=SUITE_LABELS, real_nodes=REAL_NODES)
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     line = (
         f"\ncluster up in {time.monotonic() - started:.1f} s: {c.cp.versions()}; logs in {folder}"
@@ -309,7 +338,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     outcome = yield
     report = outcome.get_result()
     if report.failed and "cluster" in getattr(item, "funcargs", {}):
-        report.sections.append(("component logs", item.funcargs["cluster"].logs()))
+        cluster = item.funcargs["cluster"]
+        report.sections.append(("component logs", cluster.logs()))
 
 
 @pytest.fixture

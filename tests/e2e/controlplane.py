@@ -88,7 +88,8 @@ def openssl(*args: str) -> None:
 
 
 def make_pki(folder: Path) -> None:
-    """A CA, a serving certificate for 127.0.0.1/localhost, and the service-account key pair."""
+    """A CA, a serving certificate for 127.0.0.1/localhost, the API server's client certificate
+    for kubelets, and the service-account key pair."""
     folder.mkdir(parents=True, exist_ok=True)
     openssl("req", "-x509", *NEW_EC_KEY, "-keyout", str(folder / "ca.key"), "-out",
              str(folder / "ca.crt"), "-days", "7", "-subj", "/CN=edgegpu-e2e-ca")  # fmt: skip
@@ -101,6 +102,13 @@ def make_pki(folder: Path) -> None:
     openssl("x509", "-req", "-in", str(folder / "serving.csr"), "-CA", str(folder / "ca.crt"),
              "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-days", "7",
              "-extfile", str(folder / "san.ext"), "-out", str(folder / "serving.crt"))  # fmt: skip
+    # The API server's client certificate for kubelets (logs, exec): system:masters.
+    openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(folder / "kubelet-client.key"), "-out",
+             str(folder / "kubelet-client.csr"),
+             "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client")  # fmt: skip
+    openssl("x509", "-req", "-in", str(folder / "kubelet-client.csr"), "-CA",
+             str(folder / "ca.crt"), "-CAkey", str(folder / "ca.key"), "-CAcreateserial",
+             "-days", "7", "-out", str(folder / "kubelet-client.crt"))  # fmt: skip
     openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(folder / "sa.key"))
     openssl("ec", "-in", str(folder / "sa.key"), "-pubout", "-out", str(folder / "sa.pub"))
 
@@ -244,6 +252,10 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
+            # Real kubelets (tests/e2e/realnode.py): reached at 127.0.0.1, their InternalIP.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
         ])  # fmt: skip
         wait_until("kube-apiserver /readyz", self._ready, 90.0, 0.5)
         self.admin_kubeconfig.write_text(

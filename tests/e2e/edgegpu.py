@@ -535,18 +535,22 @@ class Agent:
     interval_s: float = 1.0
     seed: int = 0
     extra_args: list[str] = field(default_factory=list)
+    host_process: bool = False
+    """On a real node: the agent runs beside kubelet as a host process for the DaemonSet's pod,
+    whose image kubelet cannot pull here (it stays Pending): the pod need only be on the node."""
     process: Process | None = None
     pod: dict[str, Any] | None = None
 
     def agent_pod(self) -> dict[str, Any] | None:
-        """The DaemonSet's Running pod on this node, if there is one."""
+        """The DaemonSet's Running pod on this node (any of its pods there, ``host_process``)."""
         pods = self.cp.get(
             f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector="
             "app.kubernetes.io/name%3Dedgegpu-node-agent"
             f"&fieldSelector=spec.nodeName%3D{self.node}"
         )
         for pod in (pods or {}).get("items") or []:
-            if (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get(
+            phase = (pod.get("status") or {}).get("phase")
+            if (self.host_process or phase == "Running") and not pod["metadata"].get(
                 "deletionTimestamp"
             ):
                 return dict(pod)

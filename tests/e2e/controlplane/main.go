@@ -7,6 +7,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 var components = map[string]func(args []string) int{
@@ -38,6 +40,9 @@ var components = map[string]func(args []string) int{
 	},
 	"kube-controller-manager": func(args []string) int {
 		return runCobra(controllermanager.NewControllerManagerCommand(), args)
+	},
+	"kubelet": func(args []string) int {
+		return runCobra(kubelet.NewKubeletCommand(context.Background()), args)
 	},
 	"kubectl": runKubectl,
 	"version": runVersion,

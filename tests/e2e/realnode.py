@@ -1,0 +1,536 @@
+"""A real Kubernetes node on this machine: the real kubelet, Debian's containerd and runc.
+
+Each node lives in mount and PID namespaces of its own (``unshare``), as a host of its own
+would: its containerd and its kubelet run inside them, with the node's own ``/run``,
+``/var/log`` and ``/var/lib/kubelet`` (a folder of the run's, bind-mounted; kubelet's
+device-plugin folder is fixed at ``/var/lib/kubelet/device-plugins``). The network is the
+machine's; each node has a bridge of its own, made before kubelet starts with the first address
+of the node's /24, which is the node's InternalIP and where its kubelet listens (kubelet refuses a
+loopback node IP; the bridge reaches no other machine). Pods get addresses on that bridge from
+the CNI bridge plugin.
+
+Images come from no registry: :func:`write_image` writes an OCI image (Debian's static busybox
+as its only program) that ``ctr images import`` loads into the node's containerd, and pods
+use ``imagePullPolicy: Never``. The namespaces' first process is the node: stopping it (or the
+harness dying) ends every process of the node, containers included.
+
+What stays a double here: there is no GPU and no NVIDIA container toolkit, so a container gets
+the device plugin's environment and no ``/dev/nvidia*``; the agent runs as a host process, not
+as the DaemonSet's pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.controlplane import (
+    NEW_EC_KEY,
+    ClusterError,
+    ControlPlane,
+    Process,
+    free_port,
+    openssl,
+    wait_until,
+)
+
+TAINT = "edgegpu.io/e2e-real-node"
+"""The real nodes' NoSchedule taint: only pods made for them (image, toleration) go there."""
+IMAGE = "edgegpu.test/busybox:1"
+"""The image of the real nodes' test pods (``imagePullPolicy: Never``)."""
+PAUSE_IMAGE = "edgegpu.test/pause:1"
+"""The pod sandbox image containerd is configured with."""
+
+BUSYBOX = Path("/bin/busybox")
+CNI_BIN = Path("/usr/lib/cni")
+APPLETS = ("sh", "env", "sleep", "cat", "echo", "ls", "grep", "sort", "ps", "wc", "true")
+"""busybox's programs linked into the image (``kubectl exec`` finds a shell)."""
+
+NEEDED = {
+    "containerd": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "ip": "iproute2",
+}
+"""The programs a real node needs, and the Debian package of each."""
+
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+"""Where kubelet always looks for device plugins (not under its --root-dir)."""
+
+NODE_INIT = r"""
+import os, signal, subprocess, sys
+root = sys.argv[1]
+def mount(*args):
+    subprocess.run(["mount", *args], check=True)
+mount("--make-rprivate", "/")
+mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/var/log")
+mount("--bind", root + "/kubelet", "/var/lib/kubelet")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("node namespaces ready", flush=True)
+while True:  # the namespaces' first process: it reaps the orphans (shims, containers)
+    try:
+        os.wait()
+    except ChildProcessError:
+        signal.pause()
+"""
+"""The node's first process: its mounts, then it reaps orphans until it is stopped."""
+
+
+def missing_programs() -> dict[str, str]:
+    """What a real node lacks on this machine: program → the Debian package that has it."""
+    missing = {p: pkg for p, pkg in NEEDED.items() if shutil.which(p) is None}
+    if not BUSYBOX.is_file():
+        missing[str(BUSYBOX)] = "busybox-static"
+    for plugin in ("bridge", "host-local", "loopback"):
+        if not (CNI_BIN / plugin).is_file():
+            missing[str(CNI_BIN / plugin)] = "containernetworking-plugins"
+    return missing
+
+
+def why_no_real_node() -> str | None:
+    """Why real nodes cannot start here (None when they can)."""
+    if os.geteuid() != 0:
+        return "real nodes need root (kubelet, containerd and runc run as root)"
+    missing = missing_programs()
+    if missing:
+        packages = " ".join(sorted(set(missing.values())))
+        return (
+            f"missing {', '.join(sorted(missing))}: tests/e2e/install-node.sh installs "
+            f"the Debian packages {packages}"
+        )
+    return None
+
+
+# -- images ----------------------------------------------------------------------------------------
+
+
+def _blob(out: tarfile.TarFile, data: bytes) -> dict[str, Any]:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    info = tarfile.TarInfo(f"blobs/sha256/{digest[7:]}")
+    info.size = len(data)
+    out.addfile(info, io.BytesIO(data))
+    return {"digest": digest, "size": len(data)}
+
+
+def _layer() -> bytes:
+    """busybox at /bin/busybox and its applets as links to it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        for folder in ("bin", "tmp", "etc"):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
+            layer.addfile(info)
+        data = BUSYBOX.read_bytes()
+        info = tarfile.TarInfo("bin/busybox")
+        info.size, info.mode = len(data), 0o755
+        layer.addfile(info, io.BytesIO(data))
+        for applet in APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            layer.addfile(info)
+    return buf.getvalue()
+
+
+def write_image(path: Path, name: str, entrypoint: list[str]) -> None:
+    """An OCI image layout as a tar (what ``ctr images import`` takes), named ``name``."""
+    layer = _layer()
+    with tarfile.open(path, "w") as out:
+        layer_desc = _blob(out, layer)
+        config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint, "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
+        }
+        config_desc = _blob(out, json.dumps(config).encode())
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
+        }
+        manifest_desc = _blob(out, json.dumps(manifest).encode())
+        index = {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    **manifest_desc,
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        }
+        for member, doc in (("index.json", index), ("oci-layout", {"imageLayoutVersion": "1.0.0"})):
+            data = json.dumps(doc).encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+
+
+def real_pod(pod: dict[str, Any], command: str) -> dict[str, Any]:
+    """``pod`` (a GPU pod of the suite's) made to run on a real node: the imported image,
+    ``imagePullPolicy: Never``, ``command`` run by its shell, the real nodes' taint tolerated."""
+    (container,) = pod["spec"]["containers"]
+    container.update(image=IMAGE, imagePullPolicy="Never", command=["/bin/sh", "-c", command])
+    pod["spec"].setdefault("tolerations", []).append(
+        {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    )
+    return pod
+
+
+# -- one node --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealNode:
+    """One node run by the real kubelet; ``start()`` returns once the Node is Ready."""
+
+    cp: ControlPlane
+    name: str
+    index: int
+    """Picks the node's bridge and pod subnet: unique among the run's real nodes."""
+    labels: dict[str, str] = field(default_factory=dict)
+    init: Process | None = None
+    containerd: Process | None = None
+    kubelet: Process | None = None
+    created_mount_point: bool = False
+
+    @property
+    def root(self) -> Path:
+        """The node's folder: containerd's root and state, kubelet's root, pod logs."""
+        return self.cp.folder / "real-nodes" / self.name
+
+    @property
+    def kubelet_dir(self) -> Path:
+        """kubelet's root folder, seen from the host (``/var/lib/kubelet`` in the node)."""
+        return self.root / "kubelet"
+
+    @property
+    def device_plugins(self) -> Path:
+        """kubelet's device-plugin folder, seen from the host."""
+        return self.kubelet_dir / "device-plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """kubelet's PodResources socket, seen from the host."""
+        return self.kubelet_dir / "pod-resources" / "kubelet.sock"
+
+    @property
+    def containerd_socket(self) -> Path:
+        """The node's containerd socket."""
+        return self.root / "containerd.sock"
+
+    @property
+    def ip(self) -> str:
+        """The node's InternalIP: its bridge's address."""
+        return f"10.217.{self.index}.1"
+
+    @property
+    def bridge(self) -> str:
+        """The node's CNI bridge."""
+        return f"egpu-e2e-{self.index}"
+
+    # -- start ---------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Namespaces, containerd with the images, kubelet; until the Node is Ready."""
+        why = why_no_real_node()
+        if why:
+            raise ClusterError(f"real node {self.name}: {why}")
+        for sub in ("kubelet/device-plugins", "kubelet/pod-resources", "containerd", "cni",
+                    "pod-logs", "images"):  # fmt: skip
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if not Path("/var/lib/kubelet").exists():
+            # The mount point of the node's own /var/lib/kubelet (removed again at stop).
+            Path("/var/lib/kubelet").mkdir(parents=True)
+            self.created_mount_point = True
+        self._write_pki()
+        self._make_bridge()
+        self._write_containerd_config()
+        self._write_kubelet_config()
+        self.init = self.cp.spawn(
+            f"{self.name}-node",
+            ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child",
+             "python3", "-c", NODE_INIT, str(self.root)],
+        )  # fmt: skip
+        wait_until(f"real node {self.name}: its namespaces", self._namespaces_ready, 20.0)
+        self.containerd = self.cp.spawn(
+            f"{self.name}-containerd",
+            self._inside("containerd", "--config", str(self.root / "containerd.toml")),
+        )
+        wait_until(f"real node {self.name}: containerd", self._containerd_ready, 60.0, 0.5)
+        self._import_images()
+        self.kubelet = self.cp.spawn(f"{self.name}-kubelet", self._kubelet_argv())
+        wait_until(f"real node {self.name}: Node Ready", self.ready, timeout_s, 1.0)
+
+    def _make_bridge(self) -> None:
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        for args in (["link", "add", self.bridge, "type", "bridge"],
+                     ["addr", "add", f"{self.ip}/24", "dev", self.bridge],
+                     ["link", "set", self.bridge, "up"]):  # fmt: skip
+            proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise ClusterError(f"real node {self.name}: ip {' '.join(args)}: {proc.stderr}")
+
+    def _kubelet_argv(self) -> list[str]:
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        return self._inside(
+            self.cp.binary("kubelet"), f"--config={self.root / 'kubelet.yaml'}",
+            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}", "--root-dir=/var/lib/kubelet",
+            f"--hostname-override={self.name}", f"--node-ip={self.ip}",
+            *([f"--node-labels={labels}"] if labels else []),
+            f"--register-with-taints={TAINT}=true:NoSchedule", "--v=1",
+        )  # fmt: skip
+
+    def _inside(self, *argv: str) -> list[str]:
+        """A command run in the node's namespaces."""
+        assert self.init is not None
+        return ["nsenter", f"--target={self._init_pid()}", "--mount", "--pid", "--", *argv]
+
+    def _init_pid(self) -> int:
+        """The pid (on the host) of the node's first process: unshare's child."""
+        assert self.init is not None
+        children = Path(f"/proc/{self.init.popen.pid}/task/{self.init.popen.pid}/children")
+        pids = children.read_text().split()
+        if not pids:
+            raise ClusterError(f"real node {self.name}: its first process is gone")
+        return int(pids[0])
+
+    def _namespaces_ready(self) -> bool:
+        self._check_alive()
+        return "node namespaces ready" in self.init.log.read_text(errors="replace")  # type: ignore[union-attr]
+
+    def _check_alive(self) -> None:
+        for proc in (self.init, self.containerd, self.kubelet):
+            if proc is not None and not proc.alive():
+                raise ClusterError(f"real node {self.name}: {proc.name} exited:\n{proc.tail()}")
+
+    def ctr(self, *args: str, timeout_s: float = 60.0) -> str:
+        """Run ``ctr`` on the node's containerd (namespace k8s.io, kubelet's)."""
+        proc = subprocess.run(
+            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise ClusterError(f"real node {self.name}: ctr {' '.join(args)}: {proc.stderr}")
+        return proc.stdout
+
+    def _containerd_ready(self) -> bool:
+        self._check_alive()
+        return self.containerd_socket.exists() and bool(self.ctr("version", timeout_s=5.0))
+
+    def _import_images(self) -> None:
+        for name, entrypoint in ((IMAGE, ["/bin/sh"]), (PAUSE_IMAGE, ["/bin/sleep", "2147483647"])):
+            tar = self.root / "images" / (name.replace("/", "_").replace(":", "_") + ".tar")
+            write_image(tar, name, entrypoint)
+            self.ctr("images", "import", "--no-unpack=false", str(tar))
+        listed = self.ctr("images", "ls", "-q")
+        for name in (IMAGE, PAUSE_IMAGE):
+            if name not in listed.split():
+                raise ClusterError(f"real node {self.name}: {name} not in containerd: {listed}")
+
+    def node(self) -> dict[str, Any] | None:
+        """The Node object."""
+        return self.cp.get(f"/api/v1/nodes/{self.name}")
+
+    def ready(self) -> bool:
+        """Whether the Node says Ready=True (raises when a part of the node exited)."""
+        self._check_alive()
+        node = self.node()
+        conditions = ((node or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    # -- configuration -------------------------------------------------------------------------
+    def _write_pki(self) -> None:
+        """The kubelet's client certificate: system:node:<name> in system:nodes (the Node
+        authorizer and NodeRestriction apply to it)."""
+        pki = self.cp.folder / "pki"
+        key, csr, crt = (self.root / f"kubelet-client.{x}" for x in ("key", "csr", "crt"))
+        openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(key), "-out", str(csr),
+                "-subj", f"/O=system:nodes/CN=system:node:{self.name}")  # fmt: skip
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey",
+                str(pki / "ca.key"), "-CAcreateserial", "-days", "7", "-out", str(crt))  # fmt: skip
+        user = f"system:node:{self.name}"
+        (self.root / "kubelet.kubeconfig").write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.cp.server,
+                                                     "certificate-authority": str(self.cp.ca)}}],
+            "users": [{"name": user, "user": {"client-certificate": str(crt),
+                                              "client-key": str(key)}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+            "current-context": "e2e",
+        }))  # fmt: skip
+
+    def _write_containerd_config(self) -> None:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (self.root / "containerd.toml").write_text(f"""\
+version = 2
+root = "{self.root / "containerd" / "root"}"
+state = "{self.root / "containerd" / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.root / "containerd-ttrpc.sock"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.root / "containerd" / "opt"}"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  # This machine's sandbox cannot lower oom_score_adj: without this runc fails at start.
+  restrict_oom_score_adj = true
+[{cri}.cni]
+  bin_dir = "{CNI_BIN}"
+  conf_dir = "{self.root / "cni"}"
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+""")
+        (self.root / "cni" / "10-edgegpu-e2e.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0",
+            "name": f"edgegpu-e2e-{self.index}",
+            "plugins": [{
+                "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
+                "ipam": {"type": "host-local", "dataDir": str(self.root / "cni-ipam"),
+                         "ranges": [[{"subnet": f"10.217.{self.index}.0/24"}]]},
+            }],
+        }, indent=1))  # fmt: skip
+
+    def _write_kubelet_config(self) -> None:
+        self.port, self.healthz_port = free_port(), free_port()
+        (self.root / "kubelet.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": self.ip,
+            "port": self.port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            # The API server's requests (logs, exec) come with its kubelet client certificate.
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.cp.ca)}},
+            "authorization": {"mode": "Webhook"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            # What runs on this kernel (cgroup v1 hierarchies) without systemd.
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "podLogsDir": str(self.root / "pod-logs"),
+            # The imported images are the only ones: never collect them, whatever the disk.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "maxPods": 30,
+            "nodeStatusUpdateFrequency": "5s",
+            "serializeImagePulls": False,
+            "resolvConf": "/etc/resolv.conf",
+        }))  # fmt: skip
+
+    # -- what the suite reads ------------------------------------------------------------------
+    def tasks(self) -> list[str]:
+        """The containers running on the node (containerd's task list)."""
+        return [line.split()[0] for line in self.ctr("tasks", "ls", "-q").split() if line]
+
+    def logs(self) -> str:
+        """The tail of the node's kubelet and containerd logs."""
+        return "\n".join(
+            f"--- {p.name} ({p.log}) ---\n{p.tail()}"
+            for p in (self.containerd, self.kubelet) if p is not None
+        )  # fmt: skip
+
+    # -- stop ----------------------------------------------------------------------------------
+    def stop_kubelet(self) -> None:
+        """Stop only the kubelet (its containers go on running, as on a real node)."""
+        if self.kubelet is not None:
+            _stop_group(self.kubelet)
+            self.cp.processes.remove(self.kubelet) if self.kubelet in self.cp.processes else None
+            self.kubelet = None
+
+    def restart_kubelet(self) -> None:
+        """Start the kubelet again with the same configuration."""
+        self.stop_kubelet()
+        self.kubelet = self.cp.spawn(f"{self.name}-kubelet", self._kubelet_argv())
+
+    def stop(self) -> None:
+        """kubelet, then containerd, then the namespaces (every container with them); the
+        bridge is removed and the Node deleted."""
+        containers: list[str] = []
+        if self.containerd is not None and self.containerd.alive():
+            with contextlib.suppress(Exception):
+                containers = self.ctr("containers", "ls", "-q", timeout_s=10.0).split()
+        for proc in (self.kubelet, self.containerd):
+            if proc is not None:
+                _stop_group(proc)
+        if self.init is not None:
+            self.init.stop(timeout_s=10.0)
+        for proc in (self.kubelet, self.containerd, self.init):
+            if proc is not None and proc in self.cp.processes:
+                self.cp.processes.remove(proc)
+        self.kubelet = self.containerd = self.init = None
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        _remove_cgroups(containers)
+        if self.created_mount_point:
+            with contextlib.suppress(OSError):
+                Path("/var/lib/kubelet").rmdir()
+        with contextlib.suppress(Exception):
+            self.cp.request("DELETE", f"/api/v1/nodes/{self.name}")
+
+
+def _remove_cgroups(containers: list[str]) -> None:
+    """The cgroups runc made for ``containers`` (empty once the node's processes are gone), and
+    containerd's parent ``k8s.io`` where nothing else uses it; a cgroup in use stays."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        parent = hierarchy / "k8s.io"
+        for cid in containers:
+            with contextlib.suppress(OSError):
+                (parent / cid).rmdir()
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+
+
+def _stop_group(proc: Process, timeout_s: float = 15.0) -> None:
+    """SIGTERM to the process's group (nsenter and what it runs), SIGKILL after ``timeout_s``."""
+    if proc.popen.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.popen.pid, signal.SIGTERM)
+    try:
+        proc.popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait()
