@@ -44,6 +44,14 @@ EVICTED_KEEP_S = 120.0
 """A pod evicted this recently is on its way out: no second eviction, by any controller."""
 
 
+def backoff_s(refusals: int) -> float:
+    """Seconds to wait before trying again what the API refused ``refusals`` times in a row.
+
+    1 s, 2 s, 4 s and so on, up to a minute, however many refusals.
+    """
+    return min(60.0, 2.0 ** min(refusals, 6))
+
+
 class NotLeading(Exception):
     """This replica does not lead (or may not by the time a write lands): nothing was written."""
 
@@ -333,7 +341,7 @@ class Actuator:
             if exc.status in DEFINITE:
                 self.breaker.cancel(entry)  # not made: it does not count
             if result != "gone":  # a budget or an error: back off, up to a minute
-                self._blocked[pod.pod_uid] = (refusals + 1, now + min(60.0, 2.0**refusals))
+                self._blocked[pod.pod_uid] = (refusals + 1, now + backoff_s(refusals))
             return result == "gone"
         self._blocked.pop(pod.pod_uid, None)
         self._evicted[pod.pod_uid] = now

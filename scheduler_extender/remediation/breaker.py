@@ -201,8 +201,11 @@ class Breaker:
         self._read_at = self.act.clock.monotonic()
         self.act.metrics.remediation_breaker.set(1 if self.tripped else 0)
 
-    async def _save(self, window_s: float) -> None:
-        """Write the ledger with what is pending, at its resourceVersion (read again once)."""
+    async def _save(self, window_s: float, *, retry: bool = True) -> bool:
+        """Write the ledger with what is pending, at its resourceVersion; whether it was.
+
+        On a conflict the ledger is read again and (``retry``) written once more.
+        """
         for attempt in range(2):
             self._merge_pending()
             try:
@@ -213,12 +216,15 @@ class Breaker:
                 if exc.status not in (404, 409) or attempt:
                     raise
                 await self._read()  # someone else wrote it, or an operator deleted it
+                if not retry:
+                    return False
                 continue
             self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
             self._pending.clear()
             self._cancelled.clear()
             self._unsaved_trip = ""
-            return
+            return True
+        raise AssertionError("unreachable")
 
     def _unwritten(self) -> bool:
         return bool(self._pending or self._cancelled or self._unsaved_trip)
@@ -307,12 +313,14 @@ class Breaker:
     async def reserve(self, what: str, node: str, args: RemediationArgs) -> Entry | None:
         """Write down a ``"cordon"`` or ``"evict"`` about to be made on ``node``.
 
-        None when it cannot be written: then it must not be made.
+        None when it cannot be written: then it must not be made. Nor is it when someone else
+        wrote the ledger since it was read (what it allowed was decided on an old ledger): the
+        ledger is read again, and the next round decides from it.
         """
         entry = (what, node, round(self.act.now(), 6))
         self._pending.append(entry)
         try:
-            await self._save(args.breaker_window_s)
+            written = await self._save(args.breaker_window_s, retry=False)
         except KubeError as exc:
             log.warning("remediation: writing down a %s in the breaker's ConfigMap: %s", what, exc)
             self.cancel(entry)  # it is not made (a write that landed anyway is taken back)
@@ -321,6 +329,11 @@ class Breaker:
         except BaseException:
             self.cancel(entry)  # not leading, or the round was cancelled: not made either
             raise
+        if not written:
+            log.warning("remediation: the breaker's ConfigMap changed since it was read: "
+                        "the %s of %s waits for the next round", what, node)  # fmt: skip
+            self.cancel(entry)
+            return None
         return entry
 
     def cancel(self, entry: Entry) -> None:

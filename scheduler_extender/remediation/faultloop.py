@@ -31,6 +31,7 @@ from scheduler_extender.remediation.actuator import (
     Actuator,
     NotLeading,
     RecordChanged,
+    backoff_s,
 )
 from scheduler_extender.remediation.faults import (
     CORDONED,
@@ -266,11 +267,12 @@ class FaultLoop:
             self.records.pop(name, None)
             self._known.pop(name, None)
             self._unreachable.pop(name, None)
+            self._refused.pop(name, None)
             return
         if marks.opted_out(watched):
             return
         node = await self._current(name, watched, args)
-        if node is None:
+        if node is None or marks.opted_out(node):
             return
         rec = self.records.get(name)
         obs = self.observe(name, node, args)
@@ -380,8 +382,9 @@ class FaultLoop:
                     if entry is not None and exc.status in DEFINITE:
                         self.breaker.cancel(entry)
                     if entry is not None:
-                        wait = min(60.0, 2.0**refusals)
+                        wait = backoff_s(refusals)
                         self._refused[name] = (refusals + 1, self.act.clock.monotonic() + wait)
+                        log.warning("remediation: node %s: cordon again in %.0f s", name, wait)
                     for action in writes:
                         self.act.metrics.remediation.labels(
                             action.value, "gpu_fault", "failed"

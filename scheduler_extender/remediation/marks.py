@@ -90,9 +90,18 @@ def our_taint(node: JsonDict) -> JsonDict | None:
 
 
 def decided_on(node: JsonDict) -> tuple[Any, ...]:
-    """What of a node a fault-loop decision reads: our record, the cordon, our taint."""
+    """What of a node a fault-loop decision reads.
+
+    Our record, the cordon, our taint, the opt-out label and the repeat history.
+    """
     unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-    return annotation(node), unschedulable, our_taint(node)
+    return (
+        annotation(node),
+        unschedulable,
+        our_taint(node),
+        opted_out(node),
+        annotation(node, REMEDIATION_HISTORY_ANNOTATION),
+    )
 
 
 def history(node: JsonDict) -> History:

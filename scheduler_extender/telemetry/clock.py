@@ -66,20 +66,26 @@ class ServerClock:
     that wrote it did: the API server's clock is the only one the replicas share. Between two
     answers the time runs on by the local monotonic clock, so a step of the local wall clock
     changes nothing. ``Date`` has whole seconds: each answer gives a lower bound of the offset
-    and the largest is kept (within a second of the truth), so a true bound is never more than
-    ``RISE_S`` above the one kept. One higher than that, or more than ``STEP_S`` below, is taken
-    only once ``CONFIRM`` answers in a row agree on it (the server's clock stepped; odd answers,
+    and the largest is kept, so a true bound is never more than ``RISE_S`` above the first one
+    (or the last confirmed step): the offset rises by ``RISE_S`` at most in all. A bound higher
+    than that, or more than ``STEP_S`` below the one kept, is taken only once ``CONFIRM``
+    answers in a row agree on it within ``AGREE_S`` (the server's clock stepped; odd answers,
     from a proxy or a late reply, move nothing, nor can a run of them walk the clock on).
     """
 
     RISE_S = 1.0
     STEP_S = 2.0
+    AGREE_S = 1.5
+    """How far apart answers of one clock can be: whole seconds, plus the answers' latency."""
     CONFIRM = 3
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._offset: float | None = None
         """Server time minus local monotonic time; None until an answer was seen."""
+        self._base = 0.0
+        """The first offset, or the last confirmed step's: the kept one rises RISE_S above it
+        at most."""
         self._step: tuple[float, float, int] | None = None
         """A step not confirmed yet: its first and largest offset, and how many said so."""
         self._lock = threading.Lock()
@@ -93,17 +99,18 @@ class ServerClock:
         bound = server - self.clock.monotonic()
         with self._lock:
             if self._offset is None:
-                self._offset = bound
-            elif -self.STEP_S <= bound - self._offset <= self.RISE_S:
+                self._offset = self._base = bound
+            elif -self.STEP_S <= bound - self._offset and bound <= self._base + self.RISE_S:
                 self._offset, self._step = max(self._offset, bound), None
-            else:  # a step: answers in a row within STEP_S of the first of them confirm it
+            else:  # a step: answers in a row within AGREE_S of the first of them confirm it
                 first, best, votes = self._step or (bound, bound, 0)
-                if abs(bound - first) <= self.STEP_S:
+                if abs(bound - first) <= self.AGREE_S:
                     self._step = (first, max(best, bound), votes + 1)
                 else:
                     self._step = (bound, bound, 1)
                 if self._step[2] >= self.CONFIRM:
-                    self._offset, self._step = self._step[1], None
+                    self._offset = self._base = self._step[1]
+                    self._step = None
 
     @property
     def known(self) -> bool:

@@ -54,3 +54,13 @@ def test_answers_a_little_ahead_each_time_do_not_walk_the_clock_on() -> None:
     for i in range(1, 11):  # each 1.9 s further ahead than the last: never three that agree
         server.observe(_date(truth + 1.9 * i))
     assert abs(server.now() - truth) <= 1.0
+
+
+def test_answers_one_second_further_ahead_each_time_move_the_clock_a_second_at_most() -> None:
+    local = FakeClock(wall_start=0.0)
+    server = ServerClock(local)
+    truth = 1_790_000_000.0
+    server.observe(_date(truth))
+    for i in range(1, 101):  # each within a second of the last one kept
+        server.observe(_date(truth + 1.0 * i))
+    assert abs(server.now() - truth) <= 1.0

@@ -7,6 +7,7 @@ a case needs it, another for the API server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from scheduler_extender.names import (
     REMEDIATION_OPT_OUT,
 )
 from scheduler_extender.policy.document import parse_policy
+from scheduler_extender.remediation.actuator import backoff_s
 from scheduler_extender.remediation.faults import _stamp
 from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.telemetry.decode import report_from
@@ -569,3 +571,68 @@ async def test_a_cordon_the_api_refuses_is_not_counted_and_is_tried_again_less_o
     assert c.node("n0")["spec"]["unschedulable"] is True
     data = _breaker(kube)["data"]
     assert data["state"] == "closed" and len(json.loads(data["cordons"])["n0"]) == 1
+
+
+async def _until_requested(kube: FakeKube, method: str, pattern: str) -> None:
+    for _ in range(400):
+        if any(m == method for m, _ in kube.requests_to(pattern)):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {method} {pattern}")
+
+
+async def test_a_node_opted_out_while_its_cordon_is_on_the_way_is_neither_cordoned_nor_drained(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=4, breakerPercent=25, maxUnavailablePercent=100)
+    c.pod("work", "n0", 0, QosClass.BEST_EFFORT)
+    r = c.remediator()
+    c.push("n0", 0)
+    await r.step()
+    c.clock.advance(6.0)
+    c.push("n0", 0)
+    released = threading.Event()
+    kube.hang[("PATCH", r"/nodes/n0 ")] = released  # the cordon, held on its way
+    round_ = asyncio.create_task(r.step())
+    await _until_requested(kube, "PATCH", r"/nodes/n0$")
+    _opt_out(c, "n0")  # an operator's label lands first: the cordon's version is stale
+    del kube.hang[("PATCH", r"/nodes/n0 ")]
+    released.set()
+    await round_
+    for _ in range(3):
+        c.clock.advance(6.0)
+        c.push("n0", 0)
+        await r.step()
+    assert not c.node("n0")["spec"].get("unschedulable")
+    assert "work" in c.pods() and _evictions(kube) == 0
+
+
+async def test_a_ledger_tripped_by_an_operator_while_an_eviction_is_written_down_stops_it(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig, count=1)
+    c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
+    r = _remediator(c, CollectorRegistry())
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    await r.step()  # the ledger is made
+    c.clock.advance(121.0)
+    released = threading.Event()
+    kube.hang[("PUT", r"configmaps/edgegpu-remediation-breaker ")] = released  # the reservation
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    round_ = asyncio.create_task(r.step())
+    await _until_requested(kube, "PUT", r"configmaps/edgegpu-remediation-breaker$")
+    held = _breaker(kube)
+    held["data"].update(state="tripped", reason="held by an operator")
+    kube.put("configmaps", held)
+    del kube.hang[("PUT", r"configmaps/edgegpu-remediation-breaker ")]
+    released.set()
+    await round_
+    assert "hot" in c.pods() and _evictions(kube) == 0
+    data = _breaker(kube)["data"]
+    assert data["state"] == "tripped" and json.loads(data["evictions"]) == []
+
+
+def test_a_thousand_refusals_in_a_row_still_wait_a_minute() -> None:
+    assert [backoff_s(n) for n in (0, 1, 2, 5, 6, 7, 2000)] == [1, 2, 4, 32, 60, 60, 60]
