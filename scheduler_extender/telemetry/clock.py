@@ -69,8 +69,9 @@ class ServerClock:
     and the largest is kept, so a true bound is never more than ``RISE_S`` above the first one
     (or the last confirmed step): the offset rises by ``RISE_S`` at most in all. A bound higher
     than that, or more than ``STEP_S`` below the one kept, is taken only once ``CONFIRM``
-    answers in a row agree on it within ``AGREE_S`` (the server's clock stepped; odd answers,
-    from a proxy or a late reply, move nothing, nor can a run of them walk the clock on).
+    answers in a row agree on it within ``AGREE_S`` (the server's clock stepped). Odd answers
+    among true ones, from a proxy or a late reply, move nothing; answers that move it must come
+    in runs that agree, each run a confirmed step.
     """
 
     RISE_S = 1.0

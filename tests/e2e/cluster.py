@@ -2,7 +2,8 @@
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager, the default
 kube-scheduler), edgegpu installed as docs/install.md says, two extender replicas, the
-edgegpu scheduler and N simulated GPU nodes with their agents (a fake kubelet runs their pods).
+edgegpu scheduler, N simulated GPU nodes with their agents (a fake kubelet runs their pods) and
+R nodes run by the real kubelet, containerd and runc (``realnode.py``), where pods really run.
 The admin kubeconfig is written to ``.e2e/kubeconfig``. Ctrl-C or SIGTERM stops everything.
 """
 
@@ -20,6 +21,7 @@ from types import FrameType
 
 from tests.e2e import conftest
 from tests.e2e.controlplane import ROOT
+from tests.e2e.realnode import IMAGE, TAINT, why_no_real_node
 
 SCENARIOS = ["steady", "steady", "overheat", "xid-79", "steady", "ecc", "steady", "gpu-lost"]
 
@@ -57,11 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     """Start the cluster, print what to try, wait for Ctrl-C or SIGTERM; stop it all."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
+    p.add_argument("--real-nodes", type=int, default=1,
+                   help="nodes run by the real kubelet, two simulated T4s each (default 1)")  # fmt: skip
     p.add_argument("--interval-s", type=float, default=2.0, help="agents' report interval")
     args = p.parse_args(argv)
-    if args.nodes < 1:
-        print("make cluster: NODES must be 1 or more", file=sys.stderr)
+    if args.nodes < 1 or args.real_nodes < 0:
+        print("make cluster: NODES must be 1 or more, REAL_NODES 0 or more", file=sys.stderr)
         return 2
+    why = why_no_real_node() if args.real_nodes else None
+    if why:
+        print(f"make cluster: {why} (or REAL_NODES=0)", file=sys.stderr)
+        return 2
+    real = [(f"real-{i}", 2, "rack-r") for i in range(args.real_nodes)]
     conftest.NODES[:] = node_table(args.nodes)
     # From the start: a signal while the cluster comes up stops what has started, too.
     signal.signal(signal.SIGTERM, _stop)
@@ -75,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             cluster = conftest.start_cluster(folder, agent_interval_s=args.interval_s,
-                                             settle=False)  # fmt: skip
+                                             settle=False, real_nodes=real)  # fmt: skip
         except Exception as exc:
             print(f"make cluster: {exc}", file=sys.stderr)
             return 1
@@ -101,14 +110,32 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def real_node_try(cluster: conftest.Cluster) -> str:
+    """A pod holding GPU blocks on the first real node, to exec into (nothing without one)."""
+    if not cluster.real:
+        return ""
+    node = next(iter(cluster.real))
+    spec = (
+        '{"spec":{"schedulerName":"edgegpu-scheduler","nodeSelector":{"kubernetes.io/hostname":'
+        f'"{node}"}},"tolerations":[{{"key":"{TAINT}","operator":"Exists"}}],"containers":'
+        f'[{{"name":"shell","image":"{IMAGE}","imagePullPolicy":"Never","command":["sleep",'
+        '"3600"],"resources":{"limits":{"edgegpu.io/gpu-mem-block":"1"}}}]}}'
+    )
+    return f"""
+On {node} (the real kubelet, containerd and runc; no GPU: the device plugin's environment):
+  kubectl run shell --image={IMAGE} --restart=Never --overrides='{spec}'
+  kubectl exec shell -- sh -c 'env | grep -e NVIDIA -e EDGEGPU'
+"""
+
+
 def welcome(cluster: conftest.Cluster, nodes: int, took_s: float, kubeconfig: Path) -> str:
     """What is up and what to try."""
     kubectl = cluster.cp.binary("kubectl")
     node = conftest.NODES[0][0]
     ca = cluster.balancer.pki.ca
     return f"""
-Kubernetes is up in {took_s:.0f} s ({cluster.cp.versions()}), with edgegpu
-and {nodes} simulated GPU nodes. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
+Kubernetes is up in {took_s:.0f} s ({cluster.cp.versions()}), with edgegpu,
+{nodes} simulated GPU nodes and {len(cluster.real)} run by the real kubelet. The admin kubeconfig is {kubeconfig.relative_to(ROOT)};
 kubectl (the one built with the control plane) is {kubectl}. Try:
 
   export KUBECONFIG=$PWD/.e2e/kubeconfig; alias kubectl={kubectl}
@@ -120,7 +147,7 @@ kubectl (the one built with the control plane) is {kubectl}. Try:
   kubectl get pod infer -o jsonpath='{{.metadata.annotations}}{{"\\n"}}'
   kubectl get events --field-selector involvedObject.name=infer
   curl -s --cacert {ca} {cluster.extenders[0].url}/debug/nodes | python3 -m json.tool | head -40
-
+{real_node_try(cluster)}
 Simulated faults (no node is kept out of the fault loop):
 {faults(conftest.NODES) or "  none (NODES=3 or more has some)"}
 The fault loop, on (see docs/remediation.md):
