@@ -113,8 +113,14 @@ def make_pki(folder: Path) -> None:
     openssl("ec", "-in", str(folder / "sa.key"), "-pubout", "-out", str(folder / "sa.pub"))
 
 
-def kubeconfig_text(server: str, ca: Path, token: str, user: str) -> str:
-    """A kubeconfig for one token user."""
+def kubeconfig_text(
+    server: str, ca: Path, token: str | None, user: str, *, cert: tuple[Path, Path] | None = None
+) -> str:
+    """A kubeconfig for one user: a token, or a client certificate and its key (``cert``)."""
+    credentials = (
+        {"token": token} if cert is None
+        else {"client-certificate": str(cert[0]), "client-key": str(cert[1])}
+    )  # fmt: skip
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
@@ -122,7 +128,7 @@ def kubeconfig_text(server: str, ca: Path, token: str, user: str) -> str:
             "clusters": [
                 {"name": "e2e", "cluster": {"server": server, "certificate-authority": str(ca)}}
             ],
-            "users": [{"name": user, "user": {"token": token}}],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
             "current-context": "e2e",
         }

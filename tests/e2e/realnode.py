@@ -42,6 +42,7 @@ from tests.e2e.controlplane import (
     ControlPlane,
     Process,
     free_port,
+    kubeconfig_text,
     openssl,
     wait_until,
 )
@@ -368,16 +369,9 @@ class RealNode:
                 "-subj", f"/O=system:nodes/CN=system:node:{self.name}")  # fmt: skip
         openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey",
                 str(pki / "ca.key"), "-CAcreateserial", "-days", "7", "-out", str(crt))  # fmt: skip
-        user = f"system:node:{self.name}"
-        (self.root / "kubelet.kubeconfig").write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.cp.server,
-                                                     "certificate-authority": str(self.cp.ca)}}],
-            "users": [{"name": user, "user": {"client-certificate": str(crt),
-                                              "client-key": str(key)}}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
-            "current-context": "e2e",
-        }))  # fmt: skip
+        (self.root / "kubelet.kubeconfig").write_text(kubeconfig_text(
+            self.cp.server, self.cp.ca, None, f"system:node:{self.name}", cert=(crt, key)
+        ))  # fmt: skip
 
     def _write_containerd_config(self) -> None:
         cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -463,28 +457,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # -- what the suite reads ------------------------------------------------------------------
     def tasks(self) -> list[str]:
         """The containers running on the node (containerd's task list)."""
-        return [line.split()[0] for line in self.ctr("tasks", "ls", "-q").split() if line]
-
-    def logs(self) -> str:
-        """The tail of the node's kubelet and containerd logs."""
-        return "\n".join(
-            f"--- {p.name} ({p.log}) ---\n{p.tail()}"
-            for p in (self.containerd, self.kubelet) if p is not None
-        )  # fmt: skip
+        return self.ctr("tasks", "ls", "-q").split()
 
     # -- stop ----------------------------------------------------------------------------------
-    def stop_kubelet(self) -> None:
-        """Stop only the kubelet (its containers go on running, as on a real node)."""
-        if self.kubelet is not None:
-            _stop_group(self.kubelet)
-            self.cp.processes.remove(self.kubelet) if self.kubelet in self.cp.processes else None
-            self.kubelet = None
-
-    def restart_kubelet(self) -> None:
-        """Start the kubelet again with the same configuration."""
-        self.stop_kubelet()
-        self.kubelet = self.cp.spawn(f"{self.name}-kubelet", self._kubelet_argv())
-
     def stop(self) -> None:
         """kubelet, then containerd, then the namespaces (every container with them); the
         bridge is removed and the Node deleted."""

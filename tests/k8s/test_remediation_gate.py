@@ -54,11 +54,16 @@ def _settle(c: Cluster, *names: str) -> None:
             c.state.release(f"uid-{name}")
 
 
+def _hot(c: Cluster) -> None:
+    """A new report of n0 with GPU 0 hot (96 °C)."""
+    c.seq += 1
+    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+
+
 async def _hot_past_migrate_after(c: Cluster, r: Remediator) -> None:
     """GPU 0 of n0 hot in two reports, 121 s apart: past migrateAfter (2m) in the second."""
     for _ in range(2):
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        _hot(c)
         await r.step()
         c.clock.advance(121.0)
 
@@ -123,8 +128,7 @@ async def test_thermal_migration_evicts_nothing_from_a_node_whose_telemetry_went
     c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
     registry = CollectorRegistry()
     r = _remediator(c, registry)
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()
     c.live("n0")["status"]["conditions"] = [{"type": "Ready", "status": "Unknown"}]
     for _ in range(9):  # 180 s silent, NotReady: past migrateAfter on the last (hot) report
@@ -133,8 +137,7 @@ async def test_thermal_migration_evicts_nothing_from_a_node_whose_telemetry_went
     assert "hot" in c.pods() and _evictions(kube) == 0
     assert _counted(registry, "evict", "thermal", "stale") == 0  # filtered before it is due
     c.live("n0")["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()  # fresh and still hot past migrateAfter: now it goes
     assert "hot" not in c.pods()
 
@@ -302,8 +305,7 @@ async def test_evictions_past_the_breaker_trip_it_whichever_controller_asks(
         c.pod(name, "n0", 0, QosClass.BEST_EFFORT)
     r = _remediator(c, registry)
     for _ in range(6):  # hot GPU 0: one pod per migrateAfter (2m)
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        _hot(c)
         await r.step()
         _settle(c, "a", "b", "c")
         c.clock.advance(121.0)
@@ -394,12 +396,10 @@ async def test_a_recreated_pod_is_judged_by_itself_not_by_its_predecessor(
         c.state, make_api(kubeconfig), ExtenderMetrics(CollectorRegistry(), c.state),
         lambda _s: True, pods=lambda: pods,
     )  # fmt: skip
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()
     c.clock.advance(121.0)
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()
     assert "job" not in c.pods()  # its predecessor was leaving; it was not
 
@@ -508,8 +508,7 @@ async def test_evictions_a_budget_refuses_are_taken_back_from_the_ledger_for_goo
     r = _remediator(c, registry)
     kube.refuse[("POST", r"/pods/hot/eviction$")] = 429  # a PodDisruptionBudget says no
     for _ in range(6):  # past migrateAfter in every round but the first, ledger read again
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        _hot(c)
         await r.step()
         c.clock.advance(121.0)
     refused = _evictions(kube)
@@ -517,8 +516,7 @@ async def test_evictions_a_budget_refuses_are_taken_back_from_the_ledger_for_goo
     data = _breaker(kube)["data"]
     assert data["state"] == "closed" and json.loads(data["evictions"]) == []
     del kube.refuse[("POST", r"/pods/hot/eviction$")]
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()
     assert "hot" not in c.pods()
     assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1
@@ -530,19 +528,16 @@ async def test_an_eviction_whose_reservation_failed_is_never_counted(
     c = Cluster(kube, kubeconfig, count=1)
     c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
     r = _remediator(c, CollectorRegistry())
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()  # the ledger is made (a create)
     c.clock.advance(121.0)
     kube.fail_next[("PUT", "configmaps/edgegpu-remediation-breaker")] = 500  # the reservation
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()
     assert "hot" in c.pods() and _evictions(kube) == 0
     for _ in range(2):
         c.clock.advance(10.0)
-        c.seq += 1
-        c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+        _hot(c)
         await r.step()
     assert "hot" not in c.pods() and _evictions(kube) == 1
     assert len(json.loads(_breaker(kube)["data"]["evictions"])) == 1  # the evicted one alone
@@ -613,14 +608,12 @@ async def test_a_ledger_tripped_by_an_operator_while_an_eviction_is_written_down
     c = Cluster(kube, kubeconfig, count=1)
     c.pod("hot", "n0", 0, QosClass.BEST_EFFORT)
     r = _remediator(c, CollectorRegistry())
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     await r.step()  # the ledger is made
     c.clock.advance(121.0)
     released = threading.Event()
     kube.hang[("PUT", r"configmaps/edgegpu-remediation-breaker ")] = released  # the reservation
-    c.seq += 1
-    c.state.ingest(report_from(report("n0", [gpu(0, temperature_c=96.0)], seq=c.seq)))
+    _hot(c)
     round_ = asyncio.create_task(r.step())
     await _until_requested(kube, "PUT", r"configmaps/edgegpu-remediation-breaker$")
     held = _breaker(kube)
