@@ -53,6 +53,8 @@ IMAGE = "edgegpu.test/busybox:1"
 """The image of the real nodes' test pods (``imagePullPolicy: Never``)."""
 PAUSE_IMAGE = "edgegpu.test/pause:1"
 """The pod sandbox image containerd is configured with."""
+KUBELET_REGISTERED = "Got registration request from device plugin"
+"""What kubelet's device manager logs for each plugin registration."""
 
 BUSYBOX = Path("/bin/busybox")
 CNI_BIN = Path("/usr/lib/cni")
@@ -454,10 +456,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "resolvConf": "/etc/resolv.conf",
         }))  # fmt: skip
 
-    # -- what the suite reads ------------------------------------------------------------------
+    # -- what the suite reads and does ---------------------------------------------------------
     def tasks(self) -> list[str]:
         """The containers running on the node (containerd's task list)."""
         return self.ctr("tasks", "ls", "-q").split()
+
+    def registrations(self) -> int:
+        """Device-plugin registrations kubelet has taken (every kubelet of this node's run)."""
+        assert self.kubelet is not None
+        return self.kubelet.log.read_text(errors="replace").count(KUBELET_REGISTERED)
+
+    def restart_kubelet(self) -> None:
+        """Stop kubelet (SIGTERM; its containers keep running under containerd) and start it
+        again with the same configuration and root folder."""
+        assert self.kubelet is not None
+        _stop_group(self.kubelet)
+        self.cp.retire(self.kubelet)
+        self.kubelet = self.cp.spawn(f"{self.name}-kubelet", self._kubelet_argv())
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -10,14 +10,18 @@ plugin's environment, not ``/dev/nvidia*``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 from node_agent.deviceplugin.devices import gpu_of
 from node_agent.deviceplugin.podresources import pod_devices
 from tests.e2e.conftest import REAL_NODES, Cluster, until
-from tests.e2e.realnode import real_pod
+from tests.e2e.edgegpu import NAMESPACE
+from tests.e2e.realnode import RealNode, real_pod
 from tests.e2e.test_policy_and_auth import patch_policy
 from tests.e2e.test_remediation import _policy_in_force
 
@@ -41,6 +45,68 @@ def phase(cluster: Cluster, ns: str, name: str) -> str | None:
     pod = cluster.get_pod(ns, name) or {}
     found: str | None = (pod.get("status") or {}).get("phase")
     return found
+
+
+@pytest.fixture(autouse=True)
+def quiet_real_nodes(cluster: Cluster) -> Iterator[None]:
+    """Each case starts on real nodes that run none of an earlier case's pods (a namespace is
+    deleted in the background)."""
+
+    def quiet() -> bool:
+        for name in cluster.real:
+            doc = cluster.cp.get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}") or {}
+            if any(p["metadata"]["namespace"] != NAMESPACE for p in doc.get("items") or []):
+                return False
+        return True
+
+    until("the real nodes free of earlier cases' pods", quiet, 120.0)
+    yield
+
+
+def start_on(cluster: Cluster, ns: str, name: str, node: str, blocks: int) -> tuple[str, str]:
+    """A pod of ``blocks`` on ``node``, Running; its GPU (the container's environment and the
+    bind's annotation agree) and its container's ID."""
+    pod = cluster.pod(name, ns, blocks=blocks, qos="inference",
+                      node_selector={"kubernetes.io/hostname": node})  # fmt: skip
+    cluster.create(real_pod(pod, PRINT_ENV))
+    until(f"{name} Running on {node}", lambda: phase(cluster, ns, name) == "Running", 120.0)
+    envs = until(f"{name}'s printed environment", lambda: envs_of(cluster, ns, name), 60.0)
+    doc = cluster.get_pod(ns, name) or {}
+    bound = doc["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == bound, (bound, envs)
+    assert envs["EDGEGPU_GPU_UUID"] == bound, (bound, envs)
+    assert envs["EDGEGPU_MEM_LIMIT_MIB"] == str(blocks * 4096), envs
+    (status,) = doc["status"]["containerStatuses"]
+    return bound, status["containerID"].split("//", 1)[1]
+
+
+def held_by(node: RealNode, ns: str) -> dict[str, list[str]]:
+    """kubelet's PodResources: the blocks each container of ``ns`` holds on ``node``."""
+    socket = node.pod_resources_socket
+    listing: list[Any] | None = asyncio.run(pod_devices(socket, BLOCK)())  # type: ignore[arg-type]
+    held: dict[str, list[str]] = {}
+    for p in listing or []:
+        if p.namespace == ns:
+            (devices,) = p.containers
+            held[p.name] = sorted(devices)
+    return held
+
+
+def assert_agreed(
+    cluster: Cluster, node: RealNode, ns: str, given: dict[str, str], blocks: dict[str, int]
+) -> None:
+    """kubelet's PodResources and the extender's reservations say each pod holds its blocks
+    on the GPU it was given, and no pod of ``ns`` holds others."""  # fmt: skip
+    held = held_by(node, ns)
+    assert set(held) == set(given), held
+    for name, gpu in given.items():
+        assert len(held[name]) == blocks[name], held
+        assert {gpu_of(d) for d in held[name]} == {gpu}, (name, gpu, held[name])
+    view = cluster.extenders[0].get(f"/debug/nodes/{node.name}")
+    uuids = {g["index"]: g["uuid"] for g in view["gpus"]}
+    reserved = {r["pod"]: [uuids[i] for i in r["gpus"]] for r in view["reservations"]}
+    for name, gpu in given.items():
+        assert reserved[f"{ns}/{name}"] == [gpu], reserved
 
 
 def test_the_real_kubelet_counts_the_blocks_the_agent_registers(cluster: Cluster) -> None:
@@ -77,32 +143,102 @@ def test_containers_on_a_real_node_get_the_gpu_bind_chose_and_podresources_agree
     for name in names:
         pod = cluster.get_pod(ns, name) or {}
         annotations = pod["metadata"]["annotations"]
-        envs = until(f"{name}'s printed environment", lambda n=name: envs_of(cluster, ns, n), 60.0)
+        envs = until(
+            f"{name}'s printed environment", functools.partial(envs_of, cluster, ns, name), 60.0
+        )
         assert envs["NVIDIA_VISIBLE_DEVICES"] == annotations["edgegpu.io/gpu-uuid"], envs
         assert envs["EDGEGPU_GPU_UUID"] == annotations["edgegpu.io/gpu-uuid"], envs
         assert envs["EDGEGPU_MEM_LIMIT_MIB"] == str(2 * 4096), envs
         given[name] = envs["NVIDIA_VISIBLE_DEVICES"]
     assert len(set(given.values())) == 2, given
 
-    # kubelet's PodResources: each container holds two blocks, all of its own pod's GPU.
-    socket = cluster.real[node].pod_resources_socket
-    listing: list[Any] | None = asyncio.run(pod_devices(socket, BLOCK)())  # type: ignore[arg-type]
-    held = {f"{p.namespace}/{p.name}": p.containers for p in listing or [] if p.namespace == ns}
-    assert set(held) == {f"{ns}/{n}" for n in names}, held
-    for name in names:
-        (devices,) = held[f"{ns}/{name}"]
-        assert len(devices) == 2 and {gpu_of(d) for d in devices} == {given[name]}, devices
-
-    # The extender's reservations say the same GPUs.
-    view = cluster.extenders[0].get(f"/debug/nodes/{node}")
-    uuids = {g["index"]: g["uuid"] for g in view["gpus"]}
-    reserved = {r["pod"]: [uuids[i] for i in r["gpus"]] for r in view["reservations"]}
-    for name in names:
-        assert reserved[f"{ns}/{name}"] == [given[name]], reserved
+    # kubelet's PodResources: each container holds two blocks, all of its own pod's GPU; the
+    # extender's reservations say the same GPUs.
+    assert_agreed(cluster, cluster.real[node], ns, given, dict.fromkeys(names, 2))
     say(
         f"real node: 2 two-block pods created → Running on {node} in {seconds:.1f} s; each "
         f"container's NVIDIA_VISIBLE_DEVICES = its bind's GPU ({len(given)} distinct GPUs), "
         f"PodResources and the extender agree"
+    )
+
+
+def test_a_pod_placed_past_the_extender_fails_kubelet_admission_with_the_plugins_reason(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    node = cluster.real[REAL_NODES[0][0]]
+    pod = real_pod(cluster.pod("unbound", ns, blocks=1, qos="inference"), PRINT_ENV)
+    pod["spec"]["nodeName"] = node.name  # no scheduler, no extender: no GPU was chosen for it
+    cluster.create(pod)
+    doc = until("unbound failed at kubelet's admission",
+                lambda: phase(cluster, ns, "unbound") == "Failed" and cluster.get_pod(ns, "unbound"),
+                90.0)  # fmt: skip
+    status = doc["status"]
+    message = str(status.get("message") or "")
+    assert status.get("reason") == "UnexpectedAdmissionError", status
+    assert "no pod bound here by the extender" in message, message
+    assert "not given on a guess" in message, message
+    assert not status.get("containerStatuses"), status  # nothing was started
+    assert "unbound" not in held_by(node, ns), "kubelet gave it blocks anyway"
+    say(f"real node: a pod placed by nodeName past the extender: kubelet recorded "
+        f"{status['reason']}: {message}")  # fmt: skip
+
+
+def test_a_kubelet_restart_and_an_agent_restart_keep_every_container_on_its_gpu(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    node = cluster.real[REAL_NODES[0][0]]
+    agent = cluster.agents[node.name]
+    given, containers, blocks = {}, {}, {}
+
+    def start(name: str, size: int) -> str:
+        given[name], containers[name] = start_on(cluster, ns, name, node.name, size)
+        blocks[name] = size
+        return given[name]
+
+    def kept() -> None:
+        """Every container started so far still runs, never restarted, on the same blocks."""
+        running = node.tasks()
+        for name, container in containers.items():
+            assert container in running, f"{name}'s container {container[:12]} is gone"
+            doc = cluster.get_pod(ns, name) or {}
+            (status,) = doc["status"]["containerStatuses"]
+            assert status["restartCount"] == 0 and "running" in status["state"], status
+        assert_agreed(cluster, node, ns, given, blocks)
+
+    first = start("before", 2)  # one GPU keeps a block free, the other three
+    held = held_by(node, ns)
+    registered = node.registrations()
+    started = time.monotonic()
+    node.restart_kubelet()
+    until(f"the agent's plugin registered with {node.name}'s new kubelet",
+          lambda: node.registrations() > registered, 120.0)  # fmt: skip
+    until(f"{node.name} Ready again", node.ready, 60.0)
+    kubelet_s = time.monotonic() - started
+    # The new kubelet's PodResources lists its pods once it has synced them.
+    listed = until("the new kubelet's PodResources naming the running pod again",
+                   lambda: held_by(node, ns) or None, 60.0)  # fmt: skip
+    assert listed == held, "the new kubelet moved a container's blocks"
+    kept()
+    # Two blocks now fit only on the other GPU: a pod admitted on the wrong one would show it.
+    second = start("after-kubelet", 2)
+    assert second != first, (first, second)
+    kept()
+
+    registered = node.registrations()
+    started = time.monotonic()
+    agent.stop()
+    agent.start()
+    until(f"the restarted agent's plugin registered with {node.name}'s kubelet",
+          lambda: node.registrations() > registered, 120.0)  # fmt: skip
+    agent_s = time.monotonic() - started
+    kept()
+    third = start("after-agent", 1)  # either GPU has one block left
+    assert third in (first, second), third
+    kept()
+    say(
+        f"real node: kubelet restarted, the plugin registered again {kubelet_s:.1f} s later; "
+        f"the agent restarted, registered again {agent_s:.1f} s later; {len(containers)} "
+        f"containers kept their GPU, the pods admitted after each got the bind's GPU"
     )
 
 
@@ -131,29 +267,83 @@ def _running(pod: dict[str, Any]) -> bool:
     return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
 
 
-def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
-    cluster: Cluster, ns: str, say: Callable[[str], None]
-) -> None:
-    faulty, spare = REAL_NODES[0][0], REAL_NODES[1][0]
-    cluster.cp.kubectl("cordon", spare)  # the workers start on the faulty node, one per GPU
+def _workers_on(cluster: Cluster, ns: str, node: str, spare: str) -> list[dict[str, Any]]:
+    """Two workers of a Deployment, a whole T4 each, Running on ``node`` (``spare``, the other
+    node of the rack, cordoned until they run)."""
+    cluster.cp.kubectl("cordon", spare)
     try:
         resp = cluster.cp.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments",
                                   json=_deployment(cluster, ns))  # fmt: skip
         assert resp.status_code == 201, resp.text
-        pods = until(
-            f"both workers' containers running on {faulty}",
+        pods: list[dict[str, Any]] = until(
+            f"both workers' containers running on {node}",
             lambda: len(found := [p for p in _workers(cluster, ns)
-                                  if p["spec"].get("nodeName") == faulty and _running(p)]) == 2
+                                  if p["spec"].get("nodeName") == node and _running(p)]) == 2
             and found,
             120.0,
         )  # fmt: skip
     finally:
         cluster.cp.kubectl("uncordon", spare)
-    gpu0 = cluster.extenders[0].get(f"/debug/nodes/{faulty}")["gpus"][0]["uuid"]
+    return pods
+
+
+def _on_gpu0(
+    cluster: Cluster, node: str, pods: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Of two workers on ``node``: the one on GPU 0, the other, the first one's container."""
+    gpu0 = cluster.extenders[0].get(f"/debug/nodes/{node}")["gpus"][0]["uuid"]
     (first,) = [p for p in pods if p["metadata"]["annotations"]["edgegpu.io/gpu-uuid"] == gpu0]
-    (other,) = [p for p in pods if p is not first]  # on GPU 1, which stays healthy
+    (other,) = [p for p in pods if p is not first]
     container = first["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
-    assert container in cluster.real[faulty].tasks()
+    assert container in cluster.real[node].tasks()
+    return first, other, container
+
+
+def _moved(
+    cluster: Cluster,
+    ns: str,
+    node: str,
+    spare: str,
+    first: dict[str, Any],
+    cause: tuple[str, Callable[[], bool]],
+    timeout_s: float,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Seconds from now until the cause is seen, the real kubelet has killed ``first``'s
+    container, the pod is gone and a replacement runs on ``spare``; the replacement, whose
+    container printed its bind's GPU."""
+    seen, check = cause
+    container = first["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+
+    def progress() -> bool:
+        if check():
+            marks.setdefault(seen, time.monotonic() - t0)
+        if seen in marks and container not in cluster.real[node].tasks():
+            marks.setdefault("killed", time.monotonic() - t0)
+        if cluster.get_pod(ns, first["metadata"]["name"]) is None:
+            marks.setdefault("deleted", time.monotonic() - t0)
+        moved = [p for p in _workers(cluster, ns)
+                 if p["spec"].get("nodeName") == spare and _running(p)]  # fmt: skip
+        if moved and "killed" in marks:
+            marks.setdefault("replaced", time.monotonic() - t0)
+        return {seen, "killed", "deleted", "replaced"} <= set(marks)
+
+    until(f"{seen} → eviction → the real kubelet kills the container → a replacement Running "
+          f"on {spare}", progress, timeout_s)  # fmt: skip
+    (moved,) = [p for p in _workers(cluster, ns) if p["spec"].get("nodeName") == spare]
+    bound = moved["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
+    envs = until("the replacement's printed environment",
+                 lambda: envs_of(cluster, ns, moved["metadata"]["name"]), 60.0)  # fmt: skip
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == bound, (bound, envs)
+    return marks, moved
+
+
+def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    faulty, spare = REAL_NODES[0][0], REAL_NODES[1][0]
+    first, other, _ = _on_gpu0(cluster, faulty, _workers_on(cluster, ns, faulty, spare))
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False,
                                             "maxUnavailablePercent": 50}})  # fmt: skip
     agent = cluster.agents[faulty]
@@ -163,32 +353,13 @@ def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
         agent.scenario = "xid-79"
         agent.start()
         t0 = time.monotonic()
-        marks: dict[str, float] = {}
 
-        def progress() -> bool:
+        def cordoned() -> bool:
             node = cluster.cp.get(f"/api/v1/nodes/{faulty}") or {}
-            if node.get("spec", {}).get("unschedulable"):
-                marks.setdefault("cordoned", time.monotonic() - t0)
-            if "cordoned" in marks and container not in cluster.real[faulty].tasks():
-                marks.setdefault("killed", time.monotonic() - t0)
-            if cluster.get_pod(ns, first["metadata"]["name"]) is None:
-                marks.setdefault("deleted", time.monotonic() - t0)
-            moved = [p for p in _workers(cluster, ns)
-                     if p["spec"].get("nodeName") == spare and _running(p)]  # fmt: skip
-            if moved and "killed" in marks:
-                marks.setdefault("replaced", time.monotonic() - t0)
-            return {"cordoned", "killed", "deleted", "replaced"} <= set(marks)
+            return bool(node.get("spec", {}).get("unschedulable"))
 
-        until("cordon → eviction → the real kubelet kills the container → a replacement "
-              f"Running on {spare}", progress, 180.0)  # fmt: skip
-        (moved,) = [p for p in _workers(cluster, ns) if p["spec"].get("nodeName") == spare]
+        marks, _ = _moved(cluster, ns, faulty, spare, first, ("cordoned", cordoned), 180.0)
         assert cluster.get_pod(ns, other["metadata"]["name"]), "the healthy GPU's pod evicted"
-        envs = until("the replacement's printed environment",
-                     lambda: envs_of(cluster, ns, moved["metadata"]["name"]), 60.0)  # fmt: skip
-        assert (
-            envs["NVIDIA_VISIBLE_DEVICES"]
-            == moved["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
-        ), envs
 
         def handed_back() -> bool:
             node = cluster.cp.get(f"/api/v1/nodes/{faulty}") or {}
@@ -196,18 +367,55 @@ def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
             return not node["spec"].get("unschedulable") and "edgegpu.io/remediation" not in notes
 
         until(f"{faulty} uncordoned after its self-test passed", handed_back, 180.0)
-        marks["uncordoned"] = time.monotonic() - t0
+        uncordoned = time.monotonic() - t0
         kept = cluster.get_pod(ns, other["metadata"]["name"])
         assert kept and _running(kept), "the pod on the healthy GPU was not left alone"
         say(
             f"fault loop on a real node (seconds from the faulty agent's start): cordoned "
             f"{marks['cordoned']:.1f}, container killed by kubelet {marks['killed']:.1f}, pod "
             f"gone {marks['deleted']:.1f}, replacement Running on {spare} "
-            f"{marks['replaced']:.1f}, uncordoned after the self-test {marks['uncordoned']:.1f}"
+            f"{marks['replaced']:.1f}, uncordoned after the self-test {uncordoned:.1f}"
         )
     finally:
         patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True,
                                                 "maxUnavailablePercent": 10}})  # fmt: skip
         agent.stop()
         agent.scenario = "steady"
+        agent.start()
+
+
+def test_a_pod_on_a_hot_gpu_of_a_real_node_moves_to_a_cool_one(
+    cluster: Cluster, ns: str, say: Callable[[str], None]
+) -> None:
+    hot, spare = REAL_NODES[1][0], REAL_NODES[0][0]
+    first, other, _ = _on_gpu0(cluster, hot, _workers_on(cluster, ns, hot, spare))
+    agent = cluster.agents[hot]
+    plain = agent.extra_args
+    patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False},
+                            "thermalThrottling": {"migrateAfter": "10s"}})  # fmt: skip
+    try:
+        until("remediation on in every replica", lambda: _policy_in_force(cluster, True), 30.0)
+        # GPU 0's airflow blocked, and no power limit of the agent's own to hold it back.
+        agent.stop()
+        agent.scenario, agent.extra_args = "overheat", [*plain, "--no-power-control"]
+        agent.start()
+        gpu0 = first["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
+
+        def hot_gpu0() -> bool:
+            return bool(cluster.extenders[0].get(f"/debug/nodes/{hot}")["gpus"][0]["hot"])
+
+        marks, moved = _moved(cluster, ns, hot, spare, first, ("GPU 0 hot", hot_gpu0), 240.0)
+        assert moved["metadata"]["annotations"]["edgegpu.io/gpu-uuid"] != gpu0
+        kept = cluster.get_pod(ns, other["metadata"]["name"])
+        assert kept and _running(kept), "the pod on the cool GPU was not left alone"
+        say(
+            f"thermal migration on a real node (seconds from the hot agent's start): GPU 0 hot "
+            f"{marks['GPU 0 hot']:.1f}, container killed by kubelet {marks['killed']:.1f}, pod "
+            f"gone {marks['deleted']:.1f}, replacement Running on {spare} {marks['replaced']:.1f}"
+        )
+    finally:
+        patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True},
+                                "thermalThrottling": {"migrateAfter": "2m"}})  # fmt: skip
+        agent.stop()
+        agent.scenario, agent.extra_args = "steady", plain
         agent.start()
