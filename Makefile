@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8888
 NODES  ?= 4
-REAL_NODES ?= 1
+REAL_NODES ?= $(if $(filter 0,$(shell id -u)),1,0)
 METRICS_PORT ?= 9400
 
 .DEFAULT_GOAL := help
@@ -29,7 +29,7 @@ venv: $(STAMP) ## create .venv and install the project with every extra
 run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4) simulated agents, metrics from METRICS_PORT (9400)
 	$(PY) -m tools.devcluster --host $(HOST) --port $(PORT) --nodes $(NODES) --metrics-base-port $(METRICS_PORT)
 
-cluster: $(STAMP) ## a real control plane with edgegpu, NODES (4) simulated GPU nodes and REAL_NODES (1) real kubelet nodes (kubeconfig: .e2e/kubeconfig)
+cluster: $(STAMP) ## a real control plane with edgegpu, NODES (4) simulated GPU nodes and REAL_NODES (1 as root) real kubelet nodes (kubeconfig: .e2e/kubeconfig)
 	@[ "$(REAL_NODES)" = 0 ] || bash tests/e2e/install-node.sh
 	$(PY) -m tests.e2e.cluster --nodes $(NODES) --real-nodes $(REAL_NODES)
 

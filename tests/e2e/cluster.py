@@ -55,6 +55,18 @@ def faults(nodes: list[tuple[str, int, str, str]]) -> str:
     )
 
 
+def write_private(path: Path, text: str) -> None:
+    """``text`` in ``path``, readable by its owner only: the user who ran ``sudo make cluster``
+    where there is one (an admin token, and with a real node root on this machine)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+    if os.geteuid() == 0 and uid and gid and uid.isdigit() and gid.isdigit():
+        os.chown(path, int(uid), int(gid))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the cluster, print what to try, wait for Ctrl-C or SIGTERM; stop it all."""
     p = argparse.ArgumentParser(description=__doc__)
@@ -89,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"make cluster: {exc}", file=sys.stderr)
             return 1
         kubeconfig.parent.mkdir(exist_ok=True)
-        shutil.copy(cluster.cp.admin_kubeconfig, kubeconfig)
+        write_private(kubeconfig, cluster.cp.admin_kubeconfig.read_text())
         print(welcome(cluster, args.nodes, time.monotonic() - started, kubeconfig), flush=True)
         while all(p.alive() for p in cluster.cp.processes):
             time.sleep(1.0)

@@ -33,6 +33,11 @@ class ClusterError(RuntimeError):
     """A component did not start, or a step of the harness failed; the message says which."""
 
 
+class Fatal(ClusterError):
+    """A part that will not come up, whatever the wait (a process that exited): ``wait_until``
+    raises it at once instead of polling on."""
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -60,6 +65,8 @@ def wait_until(
     while time.monotonic() < deadline:
         try:
             result = check()
+        except Fatal:
+            raise
         except Exception as exc:  # the thing polled is not up yet
             last = exc
         else:
@@ -258,7 +265,9 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
-            # Real kubelets (tests/e2e/realnode.py): reached at 127.0.0.1, their InternalIP.
+            # What a kubelet's credentials may change: its own Node and its own pods only.
+            "--enable-admission-plugins=NodeRestriction",
+            # Real kubelets (tests/e2e/realnode.py): reached at their InternalIP, 10.217.<i>.1.
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'kubelet-client.key'}",

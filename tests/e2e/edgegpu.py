@@ -537,7 +537,7 @@ class Agent:
     extra_args: list[str] = field(default_factory=list)
     host_process: bool = False
     """On a real node: the agent runs beside kubelet as a host process for the DaemonSet's pod,
-    whose image kubelet cannot pull here (it stays Pending): the pod need only be on the node."""
+    whose image the node never pulls (it stays Pending): the pod need only be on the node."""
     process: Process | None = None
     pod: dict[str, Any] | None = None
 

@@ -10,7 +10,8 @@ command -v runc >/dev/null || need+=(runc)
 for p in bridge host-local loopback; do
     [[ -x /usr/lib/cni/$p ]] || { need+=(containernetworking-plugins); break; }
 done
-[[ -x /bin/busybox ]] && /bin/busybox --list >/dev/null 2>&1 || need+=(busybox-static)
+# busybox-static, not busybox: the test images hold no libc.
+dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || need+=(busybox-static)
 command -v unshare >/dev/null && command -v nsenter >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 [[ ${#need[@]} -eq 0 ]] && exit 0
@@ -21,6 +22,21 @@ fi
 echo "install-node: installing ${need[*]} (Debian packages, for the real nodes)" >&2
 start=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends "${need[@]}" >/dev/null \
-    || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${need[@]}" >/dev/null; }
+log=$(mktemp)
+apt() {  # never waits for ever: on dpkg's lock at most a minute, in all ten
+    timeout 600 apt-get -o DPkg::Lock::Timeout=60 "$@" >>"$log" 2>&1
+}
+had_containerd=$(command -v containerd || true)
+if ! { apt install -y --no-install-recommends "${need[@]}" \
+        || { apt update && apt install -y --no-install-recommends "${need[@]}"; }; }; then
+    echo "install-node: apt-get failed; its last lines:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+fi
+rm -f "$log"
+# The real nodes start containerd of their own: the host's service, if the package started one,
+# is stopped and left disabled (a host that had containerd keeps it as it was).
+if [[ -z $had_containerd ]] && command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+    systemctl disable --now containerd >/dev/null 2>&1 || true
+fi
 echo "install-node: installed in $((SECONDS - start)) s" >&2

@@ -2,17 +2,25 @@
 
 Each node lives in mount and PID namespaces of its own (``unshare``), as a host of its own
 would: its containerd and its kubelet run inside them, with the node's own ``/run``,
-``/var/log`` and ``/var/lib/kubelet`` (a folder of the run's, bind-mounted; kubelet's
-device-plugin folder is fixed at ``/var/lib/kubelet/device-plugins``). The network is the
-machine's; each node has a bridge of its own, made before kubelet starts with the first address
-of the node's /24, which is the node's InternalIP and where its kubelet listens (kubelet refuses a
-loopback node IP; the bridge reaches no other machine). Pods get addresses on that bridge from
-the CNI bridge plugin.
+``/var/log`` and ``/var/lib`` (tmpfs; ``/var/lib/kubelet`` is a folder of the run's,
+bind-mounted: kubelet's device-plugin folder is fixed at ``/var/lib/kubelet/device-plugins``).
+Nothing is made on the host's disk outside the run's folder. The network is the machine's; each
+node has a bridge of its own, made before kubelet starts with the first address of the node's
+/24, which is the node's InternalIP and where its kubelet listens (kubelet refuses a loopback
+node IP). Pods get addresses on that bridge from the CNI bridge plugin. A lock per bridge keeps
+two runs on one machine from taking the same one.
 
 Images come from no registry: :func:`write_image` writes an OCI image (Debian's static busybox
 as its only program) that ``ctr images import`` loads into the node's containerd, and pods
-use ``imagePullPolicy: Never``. The namespaces' first process is the node: stopping it (or the
-harness dying) ends every process of the node, containers included.
+use ``imagePullPolicy: Never``; every pull from Docker Hub (the agent DaemonSet's image) is sent
+to a closed local port. The namespaces' first process is the node: stopping it (or the harness
+dying) ends every process of the node, containers included.
+
+kubelet changes a few kernel settings of the host (``kernel.panic``, ``kernel.panic_on_oops``,
+``vm.overcommit_memory``, ``vm.panic_on_oom``) and the bridge plugin turns on IPv4
+forwarding: :func:`host_settings` reads them before the first node starts and
+:func:`restore_host_settings` puts them back after the last one stops. kubelet's iptables
+chains are turned off (``makeIPTablesUtilChains: false``).
 
 What stays a double here: there is no GPU and no NVIDIA container toolkit, so a container gets
 the device plugin's environment and no ``/dev/nvidia*``; the agent runs as a host process, not
@@ -22,6 +30,7 @@ as the DaemonSet's pod.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -30,9 +39,10 @@ import shutil
 import signal
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
 import yaml
 
@@ -40,6 +50,7 @@ from tests.e2e.controlplane import (
     NEW_EC_KEY,
     ClusterError,
     ControlPlane,
+    Fatal,
     Process,
     free_port,
     kubeconfig_text,
@@ -53,8 +64,9 @@ IMAGE = "edgegpu.test/busybox:1"
 """The image of the real nodes' test pods (``imagePullPolicy: Never``)."""
 PAUSE_IMAGE = "edgegpu.test/pause:1"
 """The pod sandbox image containerd is configured with."""
-KUBELET_REGISTERED = "Got registration request from device plugin"
-"""What kubelet's device manager logs for each plugin registration."""
+DEVICES_TAKEN = '"Processed device updates for resource" resourceName="{resource}"'
+"""What kubelet's device manager logs (``--v=2``) when it has taken a plugin's device list: the
+registration was accepted and ``ListAndWatch`` answered."""
 
 BUSYBOX = Path("/bin/busybox")
 CNI_BIN = Path("/usr/lib/cni")
@@ -82,6 +94,8 @@ def mount(*args):
 mount("--make-rprivate", "/")
 mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
 mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/var/log")
+mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/var/lib")
+os.mkdir("/var/lib/kubelet")
 mount("--bind", root + "/kubelet", "/var/lib/kubelet")
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 print("node namespaces ready", flush=True)
@@ -97,12 +111,54 @@ while True:  # the namespaces' first process: it reaps the orphans (shims, conta
 def missing_programs() -> dict[str, str]:
     """What a real node lacks on this machine: program → the Debian package that has it."""
     missing = {p: pkg for p, pkg in NEEDED.items() if shutil.which(p) is None}
-    if not BUSYBOX.is_file():
-        missing[str(BUSYBOX)] = "busybox-static"
+    if not _static_elf(BUSYBOX):
+        missing[f"{BUSYBOX} (statically linked)"] = "busybox-static"
     for plugin in ("bridge", "host-local", "loopback"):
         if not (CNI_BIN / plugin).is_file():
             missing[str(CNI_BIN / plugin)] = "containernetworking-plugins"
     return missing
+
+
+def _static_elf(path: Path) -> bool:
+    """Whether ``path`` is a 64-bit ELF program with no interpreter (statically linked): the
+    images have no libc for any other."""
+    try:
+        head = path.read_bytes()[:65536]
+    except OSError:
+        return False
+    if head[:5] != b"\x7fELF\x02":
+        return False
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
+    phoff = int.from_bytes(head[32:40], order)
+    size, count = int.from_bytes(head[54:56], order), int.from_bytes(head[56:58], order)
+    for i in range(count):
+        entry = head[phoff + i * size : phoff + i * size + 4]
+        if len(entry) < 4:
+            return False
+        if int.from_bytes(entry, order) == 3:  # PT_INTERP: a dynamic loader is needed
+            return False
+    return True
+
+
+HOST_SETTINGS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
+                 "vm/panic_on_oom", "net/ipv4/ip_forward")  # fmt: skip
+"""The host's kernel settings that kubelet and the CNI bridge plugin change."""
+
+
+def host_settings() -> dict[str, str]:
+    """The host's ``HOST_SETTINGS`` now (to put back after the run)."""
+    saved = {}
+    for name in HOST_SETTINGS:
+        with contextlib.suppress(OSError):
+            saved[name] = (Path("/proc/sys") / name).read_text().strip()
+    return saved
+
+
+def restore_host_settings(saved: Mapping[str, str]) -> None:
+    """Put back the settings ``host_settings`` read."""
+    for name, value in saved.items():
+        with contextlib.suppress(OSError):
+            (Path("/proc/sys") / name).write_text(value + "\n")
 
 
 def why_no_real_node() -> str | None:
@@ -210,12 +266,13 @@ class RealNode:
     cp: ControlPlane
     name: str
     index: int
-    """Picks the node's bridge and pod subnet: unique among the run's real nodes."""
+    """Picks the node's bridge and pod subnet: the first at or above it that no other node on
+    this machine holds (``start`` locks it)."""
     labels: dict[str, str] = field(default_factory=dict)
     init: Process | None = None
     containerd: Process | None = None
     kubelet: Process | None = None
-    created_mount_point: bool = False
+    lock: IO[bytes] | None = None
 
     @property
     def root(self) -> Path:
@@ -259,12 +316,9 @@ class RealNode:
         if why:
             raise ClusterError(f"real node {self.name}: {why}")
         for sub in ("kubelet/device-plugins", "kubelet/pod-resources", "containerd", "cni",
-                    "pod-logs", "images"):  # fmt: skip
+                    "pod-logs", "images", "certs.d/docker.io"):  # fmt: skip
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        if not Path("/var/lib/kubelet").exists():
-            # The mount point of the node's own /var/lib/kubelet (removed again at stop).
-            Path("/var/lib/kubelet").mkdir(parents=True)
-            self.created_mount_point = True
+        self._take_bridge()
         self._write_pki()
         self._make_bridge()
         self._write_containerd_config()
@@ -284,8 +338,30 @@ class RealNode:
         self.kubelet = self.cp.spawn(f"{self.name}-kubelet", self._kubelet_argv())
         wait_until(f"real node {self.name}: Node Ready", self.ready, timeout_s, 1.0)
 
+    def _take_bridge(self) -> None:
+        """Lock the first free bridge index at or above ``index`` (a run on this machine that
+        holds one keeps it until its node stops, or until it dies)."""
+        folder = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
+        for index in range(self.index, 250):
+            handle = (folder / f"edgegpu-e2e-bridge-{index}.lock").open("wb")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            self.index, self.lock = index, handle
+            return
+        raise ClusterError(f"real node {self.name}: every bridge index from {self.index} is held")
+
     def _make_bridge(self) -> None:
+        # A bridge of this name is left by a run that died: the lock says none uses it now.
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        routes = subprocess.run(["ip", "route", "show", "match", f"{self.ip}/24"],
+                                capture_output=True, text=True, check=False).stdout  # fmt: skip
+        taken = [r for r in routes.splitlines() if r.strip() and not r.startswith("default")]
+        if taken:
+            raise ClusterError(f"real node {self.name}: {self.ip}/24 is routed here already "
+                               f"({taken[0].strip()}): the node's bridge would take it over")  # fmt: skip
         for args in (["link", "add", self.bridge, "type", "bridge"],
                      ["addr", "add", f"{self.ip}/24", "dev", self.bridge],
                      ["link", "set", self.bridge, "up"]):  # fmt: skip
@@ -300,22 +376,15 @@ class RealNode:
             f"--kubeconfig={self.root / 'kubelet.kubeconfig'}", "--root-dir=/var/lib/kubelet",
             f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             *([f"--node-labels={labels}"] if labels else []),
-            f"--register-with-taints={TAINT}=true:NoSchedule", "--v=1",
+            f"--register-with-taints={TAINT}=true:NoSchedule", "--v=2",
         )  # fmt: skip
 
     def _inside(self, *argv: str) -> list[str]:
-        """A command run in the node's namespaces."""
+        """A command run in the node's namespaces: unshare's own mount namespace, and the PID
+        namespace of its child (the node's first process)."""
         assert self.init is not None
-        return ["nsenter", f"--target={self._init_pid()}", "--mount", "--pid", "--", *argv]
-
-    def _init_pid(self) -> int:
-        """The pid (on the host) of the node's first process: unshare's child."""
-        assert self.init is not None
-        children = Path(f"/proc/{self.init.popen.pid}/task/{self.init.popen.pid}/children")
-        pids = children.read_text().split()
-        if not pids:
-            raise ClusterError(f"real node {self.name}: its first process is gone")
-        return int(pids[0])
+        ns = f"/proc/{self.init.popen.pid}/ns"
+        return ["nsenter", f"--mount={ns}/mnt", f"--pid={ns}/pid_for_children", "--", *argv]
 
     def _namespaces_ready(self) -> bool:
         self._check_alive()
@@ -324,7 +393,7 @@ class RealNode:
     def _check_alive(self) -> None:
         for proc in (self.init, self.containerd, self.kubelet):
             if proc is not None and not proc.alive():
-                raise ClusterError(f"real node {self.name}: {proc.name} exited:\n{proc.tail()}")
+                raise Fatal(f"real node {self.name}: {proc.name} exited:\n{proc.tail()}")
 
     def ctr(self, *args: str, timeout_s: float = 60.0) -> str:
         """Run ``ctr`` on the node's containerd (namespace k8s.io, kubelet's)."""
@@ -355,11 +424,15 @@ class RealNode:
         return self.cp.get(f"/api/v1/nodes/{self.name}")
 
     def ready(self) -> bool:
-        """Whether the Node says Ready=True (raises when a part of the node exited)."""
+        """Whether the Node says Ready=True (raises when a part of the node exited; a
+        ClusterError that names the Ready condition's message when it is not Ready)."""
         self._check_alive()
         node = self.node()
         conditions = ((node or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        ready = next((c for c in conditions if c["type"] == "Ready"), None)
+        if ready is not None and ready["status"] != "True":
+            raise ClusterError(f"Node {self.name} not Ready: {ready.get('message')}")
+        return ready is not None
 
     # -- configuration -------------------------------------------------------------------------
     def _write_pki(self) -> None:
@@ -402,6 +475,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   disable_apparmor = true
   # This machine's sandbox cannot lower oom_score_adj: without this runc fails at start.
   restrict_oom_score_adj = true
+[{cri}.registry]
+  config_path = "{self.root / "certs.d"}"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{self.root / "cni"}"
@@ -413,6 +488,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
 """)
+        # The agent DaemonSet's image is on Docker Hub: its pod on a real node never pulls it
+        # (the agent runs as a host process), whatever this machine can reach.
+        # (containerd 1.6 ignores a hosts.toml without a host tree, and asks Docker Hub.)
+        (self.root / "certs.d" / "docker.io" / "hosts.toml").write_text(
+            'server = "http://127.0.0.1:9"\n\n[host."http://127.0.0.1:9"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
         (self.root / "cni" / "10-edgegpu-e2e.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0",
             "name": f"edgegpu-e2e-{self.index}",
@@ -453,18 +535,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "maxPods": 30,
             "nodeStatusUpdateFrequency": "5s",
             "serializeImagePulls": False,
-            "resolvConf": "/etc/resolv.conf",
+            # The pods need no DNS; the host's resolv.conf may point into its /run.
+            "resolvConf": str(self.root / "resolv.conf"),
+            "makeIPTablesUtilChains": False,
         }))  # fmt: skip
+        (self.root / "resolv.conf").write_text("nameserver 127.0.0.1\n")
 
     # -- what the suite reads and does ---------------------------------------------------------
     def tasks(self) -> list[str]:
         """The containers running on the node (containerd's task list)."""
         return self.ctr("tasks", "ls", "-q").split()
 
-    def registrations(self) -> int:
-        """Device-plugin registrations kubelet has taken (every kubelet of this node's run)."""
+    def device_lists(self, resource: str, healthy: int) -> int:
+        """How many device lists of ``resource`` with ``healthy`` healthy devices kubelet has
+        taken from a plugin (every kubelet of this node's run)."""
         assert self.kubelet is not None
-        return self.kubelet.log.read_text(errors="replace").count(KUBELET_REGISTERED)
+        mark = DEVICES_TAKEN.format(resource=resource)
+        lines = self.kubelet.log.read_text(errors="replace").splitlines()
+        return sum(mark in line and f"healthyCount={healthy}" in line for line in lines)
 
     def restart_kubelet(self) -> None:
         """Stop kubelet (SIGTERM; its containers keep running under containerd) and start it
@@ -482,28 +570,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if self.containerd is not None and self.containerd.alive():
             with contextlib.suppress(Exception):
                 containers = self.ctr("containers", "ls", "-q", timeout_s=10.0).split()
-        for proc in (self.kubelet, self.containerd):
+        for proc in (self.kubelet, self.containerd, self.init):
             if proc is not None:
-                _stop_group(proc)
-        if self.init is not None:
-            self.init.stop(timeout_s=10.0)
+                _stop_group(proc)  # unshare ignores SIGTERM: its group's first process does not
         for proc in (self.kubelet, self.containerd, self.init):
             if proc is not None and proc in self.cp.processes:
                 self.cp.processes.remove(proc)
         self.kubelet = self.containerd = self.init = None
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         _remove_cgroups(containers)
-        if self.created_mount_point:
-            with contextlib.suppress(OSError):
-                Path("/var/lib/kubelet").rmdir()
         with contextlib.suppress(Exception):
             self.cp.request("DELETE", f"/api/v1/nodes/{self.name}")
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
 
 def _remove_cgroups(containers: list[str]) -> None:
     """The cgroups runc made for ``containers`` (empty once the node's processes are gone), and
     containerd's parent ``k8s.io`` where nothing else uses it; a cgroup in use stays."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+    root = Path("/sys/fs/cgroup")
+    for hierarchy in (root, *(p for p in root.iterdir() if p.is_dir())):  # v2, then v1's
         parent = hierarchy / "k8s.io"
         for cid in containers:
             with contextlib.suppress(OSError):
