@@ -151,6 +151,47 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
     return view
 
 
+def _gpu_reason(gpu: dict[str, Any], blocks: int, whole: bool, chosen: bool) -> str:
+    """One GPU's verdict for a pod, in words.
+
+    The first that holds of unhealthy, hot, cooling down, no room; else what bind would do.
+    """
+    if gpu["health"] == "unhealthy":
+        return "unhealthy: " + (", ".join(gpu["health_reasons"]) or "no reason given")
+    if gpu["hot"]:
+        temperature = gpu.get("temperature_c")
+        return "too hot" + (f" ({temperature:.0f} °C)" if temperature is not None else "")
+    if gpu["cool_down_until"]:
+        return f"cooling down until {gpu['cool_down_until']}"
+    if whole and (gpu["held_whole"] or gpu["allocated_blocks"] or gpu["lent_blocks"]):
+        return "not free as a whole (pods hold its blocks)"
+    if not whole and gpu["held_whole"]:
+        return "held whole by a pod"
+    if not whole and gpu["free_blocks"] < blocks:
+        return f"{gpu['free_blocks']} free blocks, {blocks} asked"
+    return "chosen: bind gives this one" if chosen else "fits"
+
+
+def gpu_reasons(state: ClusterState, answer: dict[str, Any]) -> dict[str, Any]:
+    """``/debug/explain``'s answer with each GPU's reason (``gpu_reasons``) added.
+
+    To each node that reported, for a pod that asks for GPUs.
+    """
+    pod = answer["pod"]
+    blocks, whole_gpus = pod["mem_blocks"], pod["whole_gpus"]
+    if not (blocks or whole_gpus):
+        return answer
+    whole = whole_gpus > 0 or pod["qos"] == "realtime"
+    for entry in answer["nodes"]:
+        gpus = _node_view(state, entry["node"], full=False)["gpus"]
+        entry["gpu_reasons"] = [
+            {"index": g["index"], "uuid": g["uuid"],
+             "reason": _gpu_reason(g, blocks, whole, g["index"] in entry["gpus"])}
+            for g in gpus
+        ]  # fmt: skip
+    return answer
+
+
 @debug.get("/debug/nodes", tags=["debug"], summary="One row per node")
 async def debug_nodes(request: Request) -> JSONResponse:
     """Freshness, rack, and per GPU temperature, power, free blocks, cool-down and health."""
@@ -193,7 +234,7 @@ async def debug_explain(request: Request) -> Response:
     limit = ctx.settings.max_request_bytes
     try:
         async with HeldBody(request.scope, request.receive, limit, ctx.request_bodies, 0.0) as b:
-            return JSONResponse(verbs.explain(ctx, b))
+            return JSONResponse(gpu_reasons(ctx.state, verbs.explain(ctx, b)))
     except RequestError as exc:
         return JSONResponse({"error": str(exc)}, status_code=400)
     except TooLarge:

@@ -26,7 +26,9 @@ from scheduler_extender.policy.rules import TERMS
 log = logging.getLogger("scheduler_extender")
 
 # Evicting pods can only help a node that fails for want of free room right now.
-_PREEMPTION_HELPS = frozenset({Reason.OK, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS})
+_PREEMPTION_HELPS = frozenset(
+    {Reason.OK, Reason.NO_FREE_BLOCKS, Reason.NO_FREE_GPUS, Reason.ROOM_ONLY_ON_UNHEALTHY_GPU}
+)
 
 
 def log_refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:

@@ -126,6 +126,7 @@ class Reason(enum.IntEnum):
     GPU_COOLING_DOWN = 9
     NO_FREE_BLOCKS = 10
     NO_FREE_GPUS = 11
+    ROOM_ONLY_ON_UNHEALTHY_GPU = 12
 
     @property
     def text(self) -> str:
@@ -151,6 +152,7 @@ _TEXT: Final = {
     Reason.GPU_COOLING_DOWN: "edgegpu: gpu cooling down",
     Reason.NO_FREE_BLOCKS: "edgegpu: not enough free gpu-mem-blocks on one gpu",
     Reason.NO_FREE_GPUS: "edgegpu: not enough free whole gpus",
+    Reason.ROOM_ONLY_ON_UNHEALTHY_GPU: "edgegpu: the gpu with room is unhealthy",
 }
 
 # Hot and cooling GPUs will cool; whole GPUs held by pods can be freed by preemption. Missing

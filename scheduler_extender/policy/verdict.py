@@ -166,7 +166,8 @@ def gpu_verdict(
     A node fits when it has at least ``demand.gpu_count`` usable GPU slots: present, not
     unhealthy, not hot or cooling down, and with room (``mem_blocks`` free on that one GPU, or
     the whole GPU idle). A failing node gets the first reason that applies: those of
-    ``gpu_facts``, then the checks below in order. Too few cool GPUs is reported before too
+    ``gpu_facts``, then the checks below in order (room that only an unhealthy GPU has is
+    named before "no room"). Too few cool GPUs is reported before too
     few free ones: evicting pods from a hot GPU does not help, so preemption must see "hot"
     there. The GPUs chosen are the best-scoring usable ones (ties go to the lowest index):
 
@@ -197,14 +198,19 @@ def gpu_verdict(
         too_small = Reason.REQUEST_EXCEEDS_GPU
         busy_reason = Reason.NO_FREE_BLOCKS
     usable = candidate_cool & fits_now
+    n_usable = usable.sum(axis=1)
     n_cool = candidate_cool.sum(axis=1)
     hot = np.isposinf(facts.excluded_until)
+    # Room there would be, but on an unhealthy GPU: say so, not "no room" (an XID GPU sits idle).
+    sick_room = ~facts.healthy & (facts.capacity > 0) & fits_ever & cool & fits_now
     checks = (
         (candidate.sum(axis=1) < need, too_small),
         ((n_cool < need) & (candidate & hot).any(axis=1), Reason.GPU_HOT),
         (n_cool < need, Reason.GPU_COOLING_DOWN),
-        (usable.sum(axis=1) < need, busy_reason),
-    )
+        ((n_usable < need) & (n_usable + sick_room.sum(axis=1) >= need),
+         Reason.ROOM_ONLY_ON_UNHEALTHY_GPU),
+        (n_usable < need, busy_reason),
+    )  # fmt: skip
     reason = facts.base_reason.copy()
     undecided = reason == _OK
     for applies, why in reversed(checks):

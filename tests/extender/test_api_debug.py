@@ -25,6 +25,28 @@ async def test_explain_lists_every_term_before_and_after_weighting(client):
     assert terms["thermal"]["weighted"] == round(0.5 * terms["thermal"]["weight"] / total, 4)
 
 
+async def test_explain_gives_each_gpu_its_own_reason(client):
+    full = 16384.0 - 1024.0  # less than one block free
+    gpus = [
+        gpu(0, memory_used_mib=full),
+        gpu(1, health="unhealthy", health_reasons=["xid:79"]),
+        gpu(2, temperature_c=95.0),
+        gpu(3),
+    ]
+    await client.post("/v1/telemetry", json=report("a", gpus))
+    await client.post("/v1/telemetry", json=report("b", gpus[:3]))
+    body = (await client.post("/debug/explain", json=args_names(pod(blocks=2), ["a", "b"]))).json()
+    by_node = {n["node"]: n for n in body["nodes"]}
+    reasons = [g["reason"] for g in by_node["a"]["gpu_reasons"]]
+    assert reasons[0] == "0 free blocks, 2 asked", reasons
+    assert reasons[1] == "unhealthy: xid:79"
+    assert reasons[2] == "too hot (95 °C)"
+    assert reasons[3] == "chosen: bind gives this one"
+    # b's only GPU with room is the XID one: the node's reason says so, and so does the GPU's.
+    assert by_node["b"]["reason"] == "edgegpu: the gpu with room is unhealthy"
+    assert [g["reason"] for g in by_node["b"]["gpu_reasons"]][1] == "unhealthy: xid:79"
+
+
 async def test_explain_refuses_a_malformed_body_with_400(client):
     resp = await client.post(
         "/debug/explain", content=b"{", headers={"content-type": "application/json"}

@@ -168,6 +168,17 @@ def test_filter_verdicts(nodes, pod, passed, reason):
     assert (got_passed, got_reason) == (passed, reason)
 
 
+def test_a_node_whose_only_gpu_with_room_is_unhealthy_says_so_not_that_it_is_full():
+    # GPU 0 full, GPU 1 free but unhealthy (an XID): the room there is not room.
+    nodes = batch(g=2, allocated_blocks=[[4, 0]], health=[[0, int(Health.UNHEALTHY)]])
+    passed, reason, _ = verdict(nodes, demand(blocks=2))
+    assert (passed, reason) == (False, Reason.ROOM_ONLY_ON_UNHEALTHY_GPU)
+    assert not reason.resolvable
+    # With room on no GPU at all, it is full, whatever the unhealthy one.
+    nodes = batch(g=2, allocated_blocks=[[4, 4]], health=[[0, int(Health.UNHEALTHY)]])
+    assert verdict(nodes, demand(blocks=2))[1] is Reason.NO_FREE_BLOCKS
+
+
 def test_a_node_whose_only_gpu_is_hot_and_full_is_hot_not_full():
     _, reason, _ = verdict(batch(excluded_until=np.inf, allocated_blocks=4))
     assert reason is Reason.GPU_HOT
