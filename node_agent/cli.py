@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     settings, ns = parsed
-    logs.setup(ns.log_level)
+    logs.setup(ns.log_level, settings.node_name)
     plain = [u for u in settings.extender_urls if u.startswith("http://")]
     if plain and settings.token_file is not None:
         log.warning("pushing to %s over plain http: the token and the answers are not "

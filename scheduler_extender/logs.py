@@ -47,10 +47,17 @@ class OneLineFormatter(logging.Formatter):
         return escape(super().format(record))
 
 
-def setup(level: str) -> None:
-    """Log to stderr at ``level``, one line per record."""
+def setup(level: str, node: str | None = None) -> None:
+    """Log to stderr at ``level``, one line per record.
+
+    Every line names ``node`` if given (the agent's node: many agents' lines end up in one
+    place).
+    """
     handler = logging.StreamHandler()
-    handler.setFormatter(OneLineFormatter(FORMAT))
+    form = FORMAT
+    if node:
+        form = FORMAT.replace("%(name)s:", "%(name)s " + escape(node).replace("%", "%%") + ":")
+    handler.setFormatter(OneLineFormatter(form))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     if level != "debug":  # httpx logs every request at INFO: one line per push
         logging.getLogger("httpx").setLevel(logging.WARNING)

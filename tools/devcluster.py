@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--metrics-port", str(args.metrics_base_port + i),
                         "--metrics-host", "127.0.0.1",
                         "--labels", f"edgegpu.io/rack=rack-{'ab'[i % 2]}",
-                        "--log-level", "warning",
+                        "--log-level", "info",  # power and thermal steps are info
                         *(["--model", VENDOR_MODELS[i]] if i in VENDOR_MODELS else []),
                     ],
                     env,

@@ -49,6 +49,8 @@ def uvicorn_options(
     """
     return {
         "log_level": log_level,
+        # uvicorn's records go through the process's own handler (one format for every line).
+        "log_config": None,
         "access_log": False,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": _http_protocol(head_timeout_s),

@@ -12,6 +12,7 @@ pods' demands (``demands``), lent blocks read back (``borrowing``). Imports ``te
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -37,6 +38,8 @@ from scheduler_extender.state.verdicts import VerdictCache
 from scheduler_extender.telemetry.clock import Clock
 from scheduler_extender.telemetry.decode import TelemetryReport
 from scheduler_extender.telemetry.store import NodeStatus, PutResult, Received, TelemetryStore
+
+log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 10.0
 """How often silent unlisted nodes are looked for (at a push or a metrics scrape)."""
@@ -116,11 +119,16 @@ class ClusterState:
             if not (listed or bound_to_node or node in self.unlisted.nodes) and self._full():
                 results.append(self.unlisted.refuse(node))
                 continue
-            heat = hysteresis.advance(self.store.get(node), push, now, thermal)
+            before = self.store.get(node)
+            heat = hysteresis.advance(before, push, now, thermal)
             result = self.store.put(push, now, wall, heat)
             results.append(result)
             if not result.accepted:
                 continue
+            record = self.store.get(node)
+            if record is not None:
+                for level, message in hysteresis.transitions(before, record, now, thermal):
+                    log.log(level, "%s", message)
             if not listed:
                 self.unlisted.nodes.add(node)
             taken[node] = None

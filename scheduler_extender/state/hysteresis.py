@@ -7,6 +7,7 @@ thermal rule and the telemetry store's record; no I/O.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from scheduler_extender.policy.rules import thermal
@@ -68,3 +69,51 @@ def advance(
         if thermal.hot_or_cooling(state, now, args):
             new_states[uuid] = state  # left out of this report: kept
     return new_states
+
+
+def _phase(state: thermal.ThermalState | None, at: float, args: thermal.ThermalArgs) -> str:
+    if state is None or state is thermal.COOL:
+        return "ok"
+    if state.hot_since is not None:
+        return "hot"
+    return "cooling" if thermal.hot_or_cooling(state, at, args) else "ok"
+
+
+def transitions(
+    previous: NodeRecord | None, record: NodeRecord, now: float, args: thermal.ThermalArgs
+) -> list[tuple[int, str]]:
+    """What changed for the node's GPUs with its new ``record``, as (log level, message).
+
+    Once per transition of a GPU to hot, cooling down, cool again, unhealthy or healthy again.
+    The phase before is the one at the previous report's arrival, so that a cool-down that
+    ended between two reports is said at the next one. Nothing for a node's first report.
+    """
+    if previous is None:
+        return []
+    node = record.report.node
+    out: list[tuple[int, str]] = []
+    was_health = {g.uuid: g for g in previous.report.gpus}
+    for g in record.report.gpus:
+        name = f"node {node} gpu {g.index} ({g.uuid})"
+        before = _phase(previous.thermal.get(g.uuid), previous.received_at, args)
+        after = _phase(record.thermal.get(g.uuid), now, args)
+        if before != after:
+            if after == "hot":
+                temp = f"{g.temperature_c:.0f} °C" if g.temperature_c is not None else "hot"
+                limit = f"maxTemp {args.max_temp_c:g} °C"
+                out.append(
+                    (logging.WARNING, f"{name}: {temp}, at or above {limit}: takes no new pods")
+                )
+            elif after == "cooling":
+                out.append((logging.INFO, f"{name}: below maxTemp, cooling down for "
+                                          f"{args.cool_down_s:g} s"))  # fmt: skip
+            else:
+                out.append((logging.INFO, f"{name}: cool again: takes pods"))
+        old = was_health.get(g.uuid)
+        if old is not None and old.health != g.health:
+            if g.health == "unhealthy":
+                why = ", ".join(g.health_reasons) or "no reason given"
+                out.append((logging.WARNING, f"{name}: unhealthy ({why}): takes no new pods"))
+            elif old.health == "unhealthy":
+                out.append((logging.INFO, f"{name}: {g.health} again"))
+    return out

@@ -3,6 +3,8 @@
 import logging
 import sys
 
+from scheduler_extender import logs
+from scheduler_extender.api.server import uvicorn_options
 from scheduler_extender.logs import FORMAT, OneLineFormatter
 
 
@@ -34,3 +36,22 @@ def test_other_unicode_is_written_as_it_is():
     formatter = OneLineFormatter(FORMAT)
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "gpu %s", ("Radeon™ 昇腾",), None)
     assert formatter.format(record).endswith("gpu Radeon™ 昇腾")
+
+
+def test_every_line_of_an_agent_names_its_node_and_uvicorn_speaks_the_same_format():
+    logs.setup("info", "edge-3")
+    try:
+        (handler,) = logging.getLogger().handlers
+        lines = [
+            handler.format(logging.LogRecord(name, level, __file__, 1, msg, args, None))
+            for name, level, msg, args in (
+                ("node_agent", logging.ERROR, "gpu %d: fatal xid %d", (0, 79)),
+                ("uvicorn.error", logging.INFO, "Started server process", ()),
+            )
+        ]
+    finally:
+        logs.setup("warning")
+    assert lines[0].endswith(" ERROR node_agent edge-3: gpu 0: fatal xid 79"), lines
+    assert lines[1].endswith(" INFO uvicorn.error edge-3: Started server process"), lines
+    # uvicorn configures no logging of its own: its records reach the root handler above.
+    assert uvicorn_options()["log_config"] is None

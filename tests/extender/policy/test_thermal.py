@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from scheduler_extender.policy.rules import thermal
 from scheduler_extender.policy.rules.thermal import COOL, ThermalArgs, ThermalState
-from scheduler_extender.state.hysteresis import advance
+from scheduler_extender.state.hysteresis import advance, transitions
 from scheduler_extender.telemetry.decode import report_from
 from scheduler_extender.telemetry.store import Received, TelemetryStore
 from tests.builders import gpu, report
@@ -121,3 +121,30 @@ def test_the_store_keeps_the_same_states_as_stepping_every_gpu(readings: list[li
         record = store.get("n")
         assert record is not None
         assert {u: record.thermal.get(u, COOL) for u in stepped} == stepped
+
+
+def test_a_gpu_turning_hot_cooling_cool_and_unhealthy_is_said_once_per_transition():
+    store = TelemetryStore()
+    said: list[str] = []
+    # (time, temperature, health): hot, still hot, below, still cooling, cool again (the
+    # cool-down ended between two reports), then an XID and back.
+    steps = [(10, 70.0, "healthy"), (20, 90.0, "healthy"), (30, 91.0, "healthy"),
+             (40, 80.0, "healthy"), (50, 80.0, "healthy"), (400, 80.0, "healthy"),
+             (410, 80.0, "unhealthy"), (420, 80.0, "unhealthy"), (430, 80.0, "healthy")]  # fmt: skip
+    for seq, (now, temp, health) in enumerate(steps, start=1):
+        extra = {"health_reasons": ["xid:79"]} if health == "unhealthy" else {}
+        gpus = [gpu(0, temperature_c=temp, health=health, uuid="GPU-0", **extra)]
+        push = Received.of(report_from(report("edge-2", gpus, seq=seq)))
+        before = store.get("edge-2")
+        assert store.put(push, now, now, advance(before, push, now, ARGS)).accepted
+        record = store.get("edge-2")
+        assert record is not None
+        said += [message for _, message in transitions(before, record, now, ARGS)]
+    name = "node edge-2 gpu 0 (GPU-0)"
+    assert said == [
+        f"{name}: 90 °C, at or above maxTemp 85 °C: takes no new pods",
+        f"{name}: below maxTemp, cooling down for 300 s",
+        f"{name}: cool again: takes pods",
+        f"{name}: unhealthy (xid:79): takes no new pods",
+        f"{name}: healthy again",
+    ]
