@@ -10,6 +10,7 @@ The admin kubeconfig is written to ``.e2e/kubeconfig``. Ctrl-C or SIGTERM stops 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import shutil
 import signal
@@ -18,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
+
+import yaml
 
 from tests.e2e import conftest
 from tests.e2e.controlplane import ROOT
@@ -58,13 +61,26 @@ def faults(nodes: list[tuple[str, int, str, str]]) -> str:
 def write_private(path: Path, text: str) -> None:
     """``text`` in ``path``, readable by its owner only: the user who ran ``sudo make cluster``
     where there is one (an admin token, and with a real node root on this machine)."""
+    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
+    owner = (int(uid), int(gid)) if os.geteuid() == 0 and uid.isdigit() and gid.isdigit() else None
+    path.parent.mkdir(exist_ok=True)
+    if owner is not None:
+        os.chown(path.parent, *owner)  # a later make cluster without sudo can write there
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
+        if owner is not None:
+            os.fchown(out.fileno(), *owner)
         out.write(text)
-    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-    if os.geteuid() == 0 and uid and gid and uid.isdigit() and gid.isdigit():
-        os.chown(path, int(uid), int(gid))
+
+
+def user_kubeconfig(cluster: conftest.Cluster) -> str:
+    """The admin kubeconfig with its CA inline: the run's folder is root's alone."""
+    doc = yaml.safe_load(cluster.cp.admin_kubeconfig.read_text())
+    for entry in doc["clusters"]:
+        ca = Path(entry["cluster"].pop("certificate-authority"))
+        entry["cluster"]["certificate-authority-data"] = base64.b64encode(ca.read_bytes()).decode()
+    return str(yaml.safe_dump(doc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"make cluster: {exc}", file=sys.stderr)
             return 1
-        kubeconfig.parent.mkdir(exist_ok=True)
-        write_private(kubeconfig, cluster.cp.admin_kubeconfig.read_text())
+        write_private(kubeconfig, user_kubeconfig(cluster))
         print(welcome(cluster, args.nodes, time.monotonic() - started, kubeconfig), flush=True)
         while all(p.alive() for p in cluster.cp.processes):
             time.sleep(1.0)

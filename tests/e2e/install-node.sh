@@ -15,20 +15,24 @@ dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q "ok installed"
 command -v unshare >/dev/null && command -v nsenter >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 [[ ${#need[@]} -eq 0 ]] && exit 0
-if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-    echo "install-node: the real nodes need the Debian packages ${need[*]}; install them as root" >&2
+if [[ $(id -u) -ne 0 ]]; then  # the suite skips the real nodes without root, and says so
+    echo "install-node: not root: no real nodes (they would need the Debian packages ${need[*]})" >&2
+    exit 0
+fi
+if ! command -v apt-get >/dev/null; then
+    echo "install-node: the real nodes need the Debian packages ${need[*]}; install them" >&2
     exit 2
 fi
 echo "install-node: installing ${need[*]} (Debian packages, for the real nodes)" >&2
 start=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
-apt() {  # never waits for ever: on dpkg's lock at most a minute, in all ten
+apt() {  # never waits for ever: on dpkg's lock at most a minute, each call ten at most
     timeout 600 apt-get -o DPkg::Lock::Timeout=60 "$@" >>"$log" 2>&1
 }
 had_containerd=$(command -v containerd || true)
-if ! { apt install -y --no-install-recommends "${need[@]}" \
-        || { apt update && apt install -y --no-install-recommends "${need[@]}"; }; }; then
+if ! { apt install -y --no-install-recommends --no-remove "${need[@]}" \
+        || { apt update && apt install -y --no-install-recommends --no-remove "${need[@]}"; }; }; then
     echo "install-node: apt-get failed; its last lines:" >&2
     tail -n 20 "$log" >&2
     exit 1

@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import shutil
@@ -129,6 +130,8 @@ def _static_elf(path: Path) -> bool:
     if head[:5] != b"\x7fELF\x02":
         return False
     order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
+    if int.from_bytes(head[18:20], order) != 62:  # EM_X86_64: the images say amd64
+        return False
     phoff = int.from_bytes(head[32:40], order)
     size, count = int.from_bytes(head[54:56], order), int.from_bytes(head[56:58], order)
     for i in range(count):
@@ -141,8 +144,10 @@ def _static_elf(path: Path) -> bool:
 
 
 HOST_SETTINGS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
-                 "vm/panic_on_oom", "net/ipv4/ip_forward")  # fmt: skip
-"""The host's kernel settings that kubelet and the CNI bridge plugin change."""
+                 "vm/panic_on_oom", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+                 "net/ipv4/ip_forward")  # fmt: skip
+"""The host's kernel settings that kubelet changes (and forwarding, which a CNI plugin may turn
+on). Saved and put back per run: two runs at once on one machine can leave kubelet's values."""
 
 
 def host_settings() -> dict[str, str]:
@@ -343,25 +348,27 @@ class RealNode:
         holds one keeps it until its node stops, or until it dies)."""
         folder = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
         for index in range(self.index, 250):
-            handle = (folder / f"edgegpu-e2e-bridge-{index}.lock").open("wb")
+            if _routed(f"10.217.{index}.1/24"):
+                continue  # a network of this machine's: the bridge would take it over
+            try:  # never a file someone else made there, nor one a link points to
+                fd = os.open(folder / f"edgegpu-e2e-bridge-{index}.lock",
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
+            except OSError:
+                continue
+            handle = os.fdopen(fd, "r+b")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            except OSError:
                 handle.close()
                 continue
             self.index, self.lock = index, handle
             return
-        raise ClusterError(f"real node {self.name}: every bridge index from {self.index} is held")
+        raise ClusterError(f"real node {self.name}: every bridge index from {self.index} is "
+                           "held by another run, or 10.217.<i>.0/24 is routed here")  # fmt: skip
 
     def _make_bridge(self) -> None:
         # A bridge of this name is left by a run that died: the lock says none uses it now.
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
-        routes = subprocess.run(["ip", "route", "show", "match", f"{self.ip}/24"],
-                                capture_output=True, text=True, check=False).stdout  # fmt: skip
-        taken = [r for r in routes.splitlines() if r.strip() and not r.startswith("default")]
-        if taken:
-            raise ClusterError(f"real node {self.name}: {self.ip}/24 is routed here already "
-                               f"({taken[0].strip()}): the node's bridge would take it over")  # fmt: skip
         for args in (["link", "add", self.bridge, "type", "bridge"],
                      ["addr", "add", f"{self.ip}/24", "dev", self.bridge],
                      ["link", "set", self.bridge, "up"]):  # fmt: skip
@@ -499,7 +506,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "cniVersion": "1.0.0",
             "name": f"edgegpu-e2e-{self.index}",
             "plugins": [{
-                "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
+                # No gateway: the pods need no way out, and the host's forwarding stays off.
+                "type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
                 "ipam": {"type": "host-local", "dataDir": str(self.root / "cni-ipam"),
                          "ranges": [[{"subnet": f"10.217.{self.index}.0/24"}]]},
             }],
@@ -552,7 +560,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         assert self.kubelet is not None
         mark = DEVICES_TAKEN.format(resource=resource)
         lines = self.kubelet.log.read_text(errors="replace").splitlines()
-        return sum(mark in line and f"healthyCount={healthy}" in line for line in lines)
+        count = f"healthyCount={healthy}"
+        return sum(mark in line and line.rstrip().endswith(count) for line in lines)
 
     def restart_kubelet(self) -> None:
         """Stop kubelet (SIGTERM; its containers keep running under containerd) and start it
@@ -577,13 +586,35 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if proc is not None and proc in self.cp.processes:
                 self.cp.processes.remove(proc)
         self.kubelet = self.containerd = self.init = None
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+        if self.lock is not None:  # a bridge of that index is ours only while we hold its lock
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         _remove_cgroups(containers)
         with contextlib.suppress(Exception):
             self.cp.request("DELETE", f"/api/v1/nodes/{self.name}")
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+
+def _routed(network: str) -> bool:
+    """Whether a route of this machine overlaps ``network``.
+
+    Any table; the default route and the real nodes' own bridges aside.
+    """
+    out = subprocess.run(["ip", "-j", "route", "show", "table", "all"], capture_output=True,
+                         text=True, check=False).stdout  # fmt: skip
+    wanted = ipaddress.ip_network(network, strict=False)
+    for route in json.loads(out or "[]"):
+        dst = route.get("dst", "")
+        if route.get("type", "unicast") not in ("unicast", "local") or dst in ("default", ""):
+            continue
+        if str(route.get("dev", "")).startswith("egpu-e2e-"):
+            continue  # a real node's bridge: its lock says whether a run holds it
+        with contextlib.suppress(ValueError):
+            net = ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False)
+            if net.version == 4 and net.overlaps(wanted):
+                return True
+    return False
 
 
 def _remove_cgroups(containers: list[str]) -> None:
