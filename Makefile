@@ -13,7 +13,12 @@ METRICS_PORT ?= 9400
 .PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
+		out = sprintf("  make %-18s", $$1); col = length(out); n = split($$2, w, " "); \
+		for (i = 1; i <= n; i++) { \
+			if (col + length(w[i]) + 1 > 88) { print out; out = sprintf("%25s", ""); col = 25 } \
+			out = out " " w[i]; col += length(w[i]) + 1 } \
+		print out }'
 
 $(STAMP): pyproject.toml
 	@echo "creating $(VENV) and installing edgegpu with its test tools (a minute or so, once)"
