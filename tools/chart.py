@@ -8,6 +8,7 @@ exact text substitution in one manifest; one that no longer matches stops the bu
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 import yaml
 
+from node_agent.config import AgentSettings
 from scheduler_extender import __version__
+from scheduler_extender.policy.document import PolicySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -98,6 +101,60 @@ def _values() -> dict[str, Any]:
         "policyName": policy["metadata"]["name"],
         "policy": policy["spec"],
     }
+
+
+def _object(properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "additionalProperties": False, **more}
+
+
+def _agent_flag(name: str) -> dict[str, Any]:
+    """A protection value's schema: the agent's own flag's bounds (it refuses others at start)."""
+    field = dict(AgentSettings.model_json_schema()["properties"][name])
+    field.pop("title", None)
+    field.pop("default", None)
+    return field
+
+
+def _values_schema() -> dict[str, Any]:
+    """``values.schema.json``, the values the chart can render into a working release.
+
+    helm refuses the others (a key it does not know, maxTemp 500, a typo in a policy section)
+    before anything reaches the cluster. The policy's part is the policy model's own schema.
+    """
+    policy = PolicySpec.model_json_schema(by_alias=True)
+    defs = policy.pop("$defs", {})
+    image = {"type": "string", "minLength": 1}
+    replicas = {"type": "integer", "minimum": 1}
+    name = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "edgegpu chart values",
+        **_object({
+            "extender": _object({"image": image, "replicas": replicas}),
+            "scheduler": _object({"enabled": {"type": "boolean"}, "image": image,
+                                  "replicas": replicas}),
+            "nodeAgent": _object({
+                "image": image,
+                "backend": {"enum": ["nvml", "amd", "intel", "jetson", "simulated"]},
+                "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+                "affinity": {"type": "object"},
+                "tolerations": {"type": "array", "items": {"type": "object"}},
+                "powerControl": {"type": "boolean"},
+                "privileged": {"type": "boolean"},
+                "protection": _object({
+                    "maxTempC": _agent_flag("max_temp_c"),
+                    "coolDownS": _agent_flag("cool_down_s"),
+                    "powerSaving": _agent_flag("power_saving"),
+                    "powerSavingThresholdPct": _agent_flag("power_saving_threshold_pct"),
+                }),
+            }),
+            "tls": _object({"source": {"enum": ["helm", "cert-manager", "existing"]}}),
+            "prometheusNamespace": name,
+            "policyName": name,
+            "policy": policy,
+        }),
+        "$defs": defs,
+    }  # fmt: skip
 
 
 _COMMENTS = {
@@ -318,6 +375,7 @@ def files() -> dict[str, str]:
             width=100,
         ),
         "values.yaml": _values_text(),
+        "values.schema.json": json.dumps(_values_schema(), indent=2, ensure_ascii=False) + "\n",
         "crds/gpuschedulingpolicies.yaml": (
             MANIFESTS / "crd" / "gpuschedulingpolicies.yaml"
         ).read_text(),

@@ -147,7 +147,7 @@ def test_with_cert_manager_the_chart_asks_for_the_certificates_the_manifests_ask
     typo = subprocess.run([build_go_tool(*HELM), "template", "edge", str(CHART),
                            "--set", "tls.source=cert-manger"],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-    assert typo.returncode != 0 and "must be helm, cert-manager or existing" in typo.stderr
+    assert typo.returncode != 0 and "'helm', 'cert-manager', 'existing'" in typo.stderr
 
 
 def test_other_values_render_valid_objects_that_carry_them():
@@ -233,3 +233,27 @@ def test_the_second_scheduler_calls_the_extender_with_mtls_and_agents_get_the_ca
     assert not [v for v in agent["volumes"] if "secret" in v]  # never a private key on a node
     (token,) = volumes["token"]["projected"]["sources"]
     assert token["serviceAccountToken"]["audience"] == "edgegpu"
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        pytest.param(
+            ["--set", "policy.thermalThrottling.maxTemp=500"], "maximum", id="maxTemp 500"
+        ),
+        pytest.param(
+            ["--set", "policy.thermalThrotling.maxTemp=80"],
+            "thermalThrotling",
+            id="a typo in a policy section",
+        ),
+        pytest.param(["--set", "nodeAgent.protection.maxTempC=0"], "maxTempC", id="maxTempC 0"),
+        pytest.param(["--set", "nodeAgent.backend=cuda"], "backend", id="an unknown backend"),
+        pytest.param(["--set", "extendr.replicas=3"], "extendr", id="a typo at the top"),
+    ],
+)
+def test_helm_refuses_values_the_chart_cannot_render_into_a_working_release(values, refusal):
+    proc = subprocess.run([build_go_tool(*HELM), "template", "edge", str(CHART), *values],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode != 0, proc.stdout[-500:]
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert refusal in proc.stderr, proc.stderr
