@@ -144,7 +144,7 @@ async def _run(
     ca: ExtenderCa | None,
 ) -> int:
     registry = CollectorRegistry()
-    metrics = AgentMetrics(registry, settings.node_name)
+    metrics = AgentMetrics(registry, settings.node_name, dcgm_names=settings.dcgm_names)
     if settings.metrics_port and not ns.once:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
     async with extender_client(settings, ca) as client:

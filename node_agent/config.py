@@ -56,6 +56,12 @@ class AgentSettings(BaseSettings):
     )
     interval_s: float = Field(5.0, gt=0, le=3600, description="Seconds between samples (5 s).")
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus port; 0 = off.")
+    dcgm_names: bool = Field(
+        False,
+        description="Export the readings under dcgm-exporter's names too (DCGM_FI_DEV_GPU_TEMP, "
+        "DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_FB_USED, ...; labels gpu, UUID, modelName, "
+        "Hostname), so NVIDIA's dashboards and alerts work unchanged.",
+    )
     metrics_host: str = Field("0.0.0.0", description="Address the metrics server listens on.")
     dry_run: bool = Field(False, description="Plan power changes but apply none.")
     power_control: bool = Field(True, description="Allow the agent to change power limits/clocks.")

@@ -140,6 +140,7 @@ class Agent:
         states = self.protection.power_states()
         view.saving = {i: state.saving is not None for i, state in states.items()}
         view.thermal_cap_w = {i: state.thermal_cap_w for i, state in states.items()}
+        view.xid_last = self.protection.last_xids()
 
     async def _follow(
         self, outcome: PushOutcome, snap: Snapshot, healths: Mapping[int, GpuHealth]

@@ -7,7 +7,7 @@ and the extender's field table.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -74,6 +74,7 @@ class LatestView:
     checks: NodeChecks = field(default_factory=NodeChecks)
     saving: dict[int, bool] = field(default_factory=dict)
     thermal_cap_w: dict[int, float | None] = field(default_factory=dict)
+    xid_last: dict[int, int | None] = field(default_factory=dict)
     energy: EnergyMeter = field(default_factory=EnergyMeter)
 
 
@@ -166,13 +167,72 @@ class _GpuCollector(Collector):
         yield ratio
 
 
+DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+"""dcgm-exporter's labels: NVIDIA's dashboards and alerts select and group by them."""
+DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuReading], float | None]], ...] = (
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda r: r.temperature_c),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: r.power_w),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda r: r.power_limit_w),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda r: r.utilization_pct),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda r: r.memory_used_mib),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+     lambda r: None if r.memory_total_mib is None or r.memory_used_mib is None
+     else max(r.memory_total_mib - r.memory_used_mib, 0.0)),
+    ("DCGM_FI_DEV_FB_TOTAL", "Total framebuffer memory (in MiB).", lambda r: r.memory_total_mib),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda r: r.sm_clock_mhz),
+    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed for the device in percent 0-100.",
+     lambda r: r.fan_speed_pct),
+)  # fmt: skip
+"""dcgm-exporter's names and units for what the agent reads (``--dcgm-names``)."""
+
+
+class _DcgmCollector(Collector):
+    """The same readings under dcgm-exporter's names, units and labels."""
+
+    def __init__(self, view: LatestView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        view = self.view
+        gauges = [(GaugeMetricFamily(name, text, labels=DCGM_LABELS), read)
+                  for name, text, read in DCGM_GAUGES]  # fmt: skip
+        xid = GaugeMetricFamily(
+            "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
+            labels=DCGM_LABELS,
+        )  # fmt: skip
+        # A gauge, so that the name stays dcgm-exporter's (a counter family would add _total).
+        energy = GaugeMetricFamily(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "Total energy consumption since the agent started (in mJ).",
+            labels=DCGM_LABELS,
+        )
+        xids = view.xid_last
+        for r in view.readings:
+            labels = [str(r.index), r.uuid, f"nvidia{r.index}", r.model or "", view.node,
+                      r.pci_bus_id or ""]  # fmt: skip
+            for family, read in gauges:
+                value = read(r)
+                if value is not None:
+                    family.add_metric(labels, value)
+            xid.add_metric(labels, float(xids.get(r.index) or 0))
+            joules = view.energy.gpu_j.get(r.uuid)
+            if joules is not None:
+                energy.add_metric(labels, joules * 1000.0)
+        for family, _ in gauges:
+            yield family
+        yield xid
+        yield energy
+
+
 class AgentMetrics:
     """Every collector of the agent, on an injected registry."""
 
-    def __init__(self, registry: CollectorRegistry, node: str) -> None:
+    def __init__(self, registry: CollectorRegistry, node: str, dcgm_names: bool = False) -> None:
         self.registry = registry
         self.view = LatestView(node=node)
         registry.register(_GpuCollector(self.view))
+        if dcgm_names:
+            registry.register(_DcgmCollector(self.view))
         self.pushes = Counter(
             "edgegpu_agent_pushes_total",
             "Telemetry pushes by extender URL and result.",
