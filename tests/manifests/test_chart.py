@@ -4,6 +4,7 @@ objects valid Kubernetes objects with any of its values."""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -257,3 +258,20 @@ def test_helm_refuses_values_the_chart_cannot_render_into_a_working_release(valu
     assert proc.returncode != 0, proc.stdout[-500:]
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert refusal in proc.stderr, proc.stderr
+
+
+def test_monitoring_enabled_renders_the_podmonitors_the_alert_rules_and_the_dashboard():
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
+                             "--set", "monitoring.enabled=true"))  # fmt: skip
+    monitoring = ROOT / "manifests" / "monitoring"
+    for path in ("prometheusrule.yaml", "podmonitors.yaml"):
+        for doc in yaml.safe_load_all((monitoring / path).read_text()):
+            doc = yaml.safe_load(yaml.safe_dump(doc).replace("edgegpu-system", "edge-ops"))
+            assert objects[(doc["kind"], "edge-ops", doc["metadata"]["name"])] == doc
+    dashboard = objects[("ConfigMap", "edge-ops", "edgegpu-grafana-dashboard")]
+    assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    assert json.loads(dashboard["data"]["grafana-dashboard.json"]) == json.loads(
+        (monitoring / "grafana-dashboard.json").read_text()
+    )
+    plain = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops"))
+    assert not [k for k in plain if k[0] in ("PodMonitor", "PrometheusRule")]

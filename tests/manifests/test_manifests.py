@@ -29,6 +29,7 @@ CUSTOM_KINDS = {
     "Issuer",
     "GPUSchedulingPolicy",
     "PrometheusRule",
+    "PodMonitor",
     "KubeSchedulerConfiguration",
     "Kustomization",
 }
@@ -346,3 +347,19 @@ def test_the_extender_and_the_scheduler_never_run_on_an_edge_node():
         ]
     agent = by_kind("DaemonSet", "edgegpu-node-agent")["spec"]["template"]["spec"]
     assert not [v for v in agent["volumes"] if "secret" in v]
+
+
+def test_the_podmonitors_scrape_a_named_port_of_the_pods_they_select():
+    for name, workload in (("edgegpu-extender", "Deployment"), ("edgegpu-node-agent", "DaemonSet")):
+        monitor = by_kind("PodMonitor", name)
+        pod = by_kind(workload, name)["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    (https,) = by_kind("PodMonitor", "edgegpu-extender")["spec"]["podMetricsEndpoints"]
+    assert https["scheme"] == "https"  # the extender serves nothing in plain http
+    cert = by_kind("Certificate", "edgegpu-extender")
+    assert https["tlsConfig"]["serverName"] in cert["spec"]["dnsNames"]
+    assert https["tlsConfig"]["ca"]["configMap"]["name"] == "edgegpu-ca"
