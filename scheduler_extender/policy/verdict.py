@@ -202,15 +202,16 @@ def gpu_verdict(
     n_cool = candidate_cool.sum(axis=1)
     hot = np.isposinf(facts.excluded_until)
     # Room there would be, but on an unhealthy GPU: say so, not "no room" (an XID GPU sits idle).
+    # (Room on a hot GPU stays "no room": preemption can free a cool one.)
+    short = n_usable < need
     sick_room = ~facts.healthy & (facts.capacity > 0) & fits_ever & cool & fits_now
     checks = (
         (candidate.sum(axis=1) < need, too_small),
         ((n_cool < need) & (candidate & hot).any(axis=1), Reason.GPU_HOT),
         (n_cool < need, Reason.GPU_COOLING_DOWN),
-        ((n_usable < need) & (n_usable + sick_room.sum(axis=1) >= need),
-         Reason.ROOM_ONLY_ON_UNHEALTHY_GPU),
-        (n_usable < need, busy_reason),
-    )  # fmt: skip
+        (short & (n_usable + sick_room.sum(axis=1) >= need), Reason.ROOM_ONLY_ON_UNHEALTHY_GPU),
+        (short, busy_reason),
+    )
     reason = facts.base_reason.copy()
     undecided = reason == _OK
     for applies, why in reversed(checks):
