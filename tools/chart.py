@@ -18,6 +18,7 @@ import yaml
 
 from node_agent.config import AgentSettings
 from scheduler_extender import __version__
+from scheduler_extender.domain import QosClass
 from scheduler_extender.policy.document import PolicySpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +125,8 @@ def _values_schema() -> dict[str, Any]:
     """
     policy = PolicySpec.model_json_schema(by_alias=True)
     defs = policy.pop("$defs", {})
+    # The classes by name, as documents give them (the model's enum holds their ranks).
+    defs["QosClass"] = {"type": "string", "enum": [q.wire for q in QosClass]}
     image = {"type": "string", "minLength": 1}
     replicas = {"type": "integer", "minimum": 1}
     name = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253}
@@ -154,6 +157,7 @@ def _values_schema() -> dict[str, Any]:
             "prometheusNamespace": name,
             "policyName": name,
             "policy": policy,
+            "global": {"type": "object"},  # what Helm gives a chart used as a dependency
         }),
         "$defs": defs,
     }  # fmt: skip

@@ -209,7 +209,11 @@ def gpu_verdict(
         (candidate.sum(axis=1) < need, too_small),
         ((n_cool < need) & (candidate & hot).any(axis=1), Reason.GPU_HOT),
         (n_cool < need, Reason.GPU_COOLING_DOWN),
-        (short & (n_usable + sick_room.sum(axis=1) >= need), Reason.ROOM_ONLY_ON_UNHEALTHY_GPU),
+        # (Whole GPUs keep "no free whole gpus", resolvable: preemption can free a healthy one.)
+        (
+            short & (n_usable + sick_room.sum(axis=1) >= need) & (not demand.needs_whole_gpu),
+            Reason.ROOM_ONLY_ON_UNHEALTHY_GPU,
+        ),
         (short, busy_reason),
     )
     reason = facts.base_reason.copy()

@@ -101,12 +101,12 @@ def transitions(
             if after == "hot":
                 temp = f"{g.temperature_c:.0f} °C" if g.temperature_c is not None else "hot"
                 limit = f"maxTemp {args.max_temp_c:g} °C"
-                out.append(
-                    (logging.WARNING, f"{name}: {temp}, at or above {limit}: takes no new pods")
-                )
+                # Back from a cool-down: debug (a GPU held at maxTemp crosses it again and again).
+                level = logging.WARNING if before == "ok" else logging.DEBUG
+                out.append((level, f"{name}: {temp}, at or above {limit}: takes no new pods"))
             elif after == "cooling":
-                out.append((logging.INFO, f"{name}: below maxTemp, cooling down for "
-                                          f"{args.cool_down_s:g} s"))  # fmt: skip
+                cooling = f"{name}: below maxTemp, cooling down for {args.cool_down_s:g} s"
+                out.append((logging.INFO, cooling))
             else:
                 out.append((logging.INFO, f"{name}: cool again: takes pods"))
         old = was_health.get(g.uuid)
@@ -115,5 +115,8 @@ def transitions(
                 why = ", ".join(g.health_reasons) or "no reason given"
                 out.append((logging.WARNING, f"{name}: unhealthy ({why}): takes no new pods"))
             elif old.health == "unhealthy":
-                out.append((logging.INFO, f"{name}: {g.health} again"))
+                again = (
+                    "healthy again" if g.health == "healthy" else f"{g.health}, no longer unhealthy"
+                )
+                out.append((logging.INFO, f"{name}: {again}"))
     return out

@@ -3,8 +3,10 @@ the refusals README describes are what the extender answers."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,23 @@ from tests.e2e.controlplane import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _free_run(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now (the agents' metrics)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 def _curl_block(port: int, metrics_port: int) -> str:
     text = (ROOT / "README.md").read_text()
     block = text.split("### Try it with curl (against `make run`)", 1)[1]
@@ -29,7 +48,7 @@ def _curl_block(port: int, metrics_port: int) -> str:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl here")
 def test_readmes_curls_show_the_refusals_it_describes(tmp_path: Path) -> None:
-    port, metrics = free_port(), free_port()
+    port, metrics = free_port(), _free_run(4)
     log = (tmp_path / "demo.log").open("wb")
     demo = subprocess.Popen(
         [sys.executable, "-m", "tools.devcluster", "--port", str(port),

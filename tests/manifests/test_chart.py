@@ -275,3 +275,12 @@ def test_monitoring_enabled_renders_the_podmonitors_the_alert_rules_and_the_dash
     )
     plain = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops"))
     assert not [k for k in plain if k[0] in ("PodMonitor", "PrometheusRule")]
+
+
+def test_helm_takes_the_policy_values_the_policy_docs_give():
+    objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
+                             "--set", "policy.qos.defaultClass=training",
+                             "--set", "policy.thermalThrottling.maxTemp=80"))  # fmt: skip
+    (policy,) = [o for k, o in objects.items() if k[0] == "GPUSchedulingPolicy"]
+    assert policy["spec"]["qos"]["defaultClass"] == "training"
+    assert policy["spec"]["thermalThrottling"]["maxTemp"] == 80

@@ -174,6 +174,10 @@ def test_a_node_whose_only_gpu_with_room_is_unhealthy_says_so_not_that_it_is_ful
     passed, reason, _ = verdict(nodes, demand(blocks=2))
     assert (passed, reason) == (False, Reason.ROOM_ONLY_ON_UNHEALTHY_GPU)
     assert not reason.resolvable
+    # A whole GPU: preemption can free the healthy one, so the reason stays resolvable.
+    nodes = batch(g=2, whole_taken=[[True, False]], health=[[0, int(Health.UNHEALTHY)]])
+    passed, reason, _ = verdict(nodes, demand(whole=1, blocks=0))
+    assert (passed, reason, reason.resolvable) == (False, Reason.NO_FREE_GPUS, True)
     # With room on no GPU at all, it is full, whatever the unhealthy one.
     nodes = batch(g=2, allocated_blocks=[[4, 4]], health=[[0, int(Health.UNHEALTHY)]])
     assert verdict(nodes, demand(blocks=2))[1] is Reason.NO_FREE_BLOCKS
