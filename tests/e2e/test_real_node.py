@@ -21,7 +21,7 @@ import pytest
 from node_agent.deviceplugin.devices import gpu_of
 from node_agent.deviceplugin.podresources import pod_devices
 from tests.e2e.conftest import REAL_NODES, Cluster, until
-from tests.e2e.edgegpu import NAMESPACE
+from tests.e2e.edgegpu import NAMESPACE, Agent
 from tests.e2e.realnode import RealNode, real_pod
 from tests.e2e.test_policy_and_auth import patch_policy
 from tests.e2e.test_remediation import _policy_in_force
@@ -81,8 +81,7 @@ def start_on(cluster: Cluster, ns: str, name: str, node: str, blocks: int) -> tu
     assert envs["NVIDIA_VISIBLE_DEVICES"] == bound, (bound, envs)
     assert envs["EDGEGPU_GPU_UUID"] == bound, (bound, envs)
     assert envs["EDGEGPU_MEM_LIMIT_MIB"] == str(blocks * 4096), envs
-    (status,) = doc["status"]["containerStatuses"]
-    return bound, status["containerID"].split("//", 1)[1]
+    return bound, _container_of(doc)
 
 
 def held_by(node: RealNode, ns: str) -> dict[str, list[str]]:
@@ -307,16 +306,29 @@ def _workers_on(cluster: Cluster, ns: str, node: str, spare: str) -> list[dict[s
     return pods
 
 
+def _container_of(pod: dict[str, Any]) -> str:
+    """The containerd ID of the pod's (one) container."""
+    (status,) = pod["status"]["containerStatuses"]
+    container: str = status["containerID"].split("//", 1)[1]
+    return container
+
+
 def _on_gpu0(
     cluster: Cluster, node: str, pods: list[dict[str, Any]]
-) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """Of two workers on ``node``: the one on GPU 0, the other, the first one's container."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Of two workers running on ``node``: the one on GPU 0, and the other."""
     gpu0 = cluster.extenders[0].get(f"/debug/nodes/{node}")["gpus"][0]["uuid"]
     (first,) = [p for p in pods if p["metadata"]["annotations"]["edgegpu.io/gpu-uuid"] == gpu0]
     (other,) = [p for p in pods if p is not first]
-    container = first["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
-    assert container in cluster.real[node].tasks()
-    return first, other, container
+    assert _container_of(first) in cluster.real[node].tasks()
+    return first, other
+
+
+def _restart(agent: Agent, scenario: str, extra_args: list[str]) -> None:
+    """The node's agent stopped and started again with ``scenario`` and ``extra_args``."""
+    agent.stop()
+    agent.scenario, agent.extra_args = scenario, extra_args
+    agent.start()
 
 
 def _moved(
@@ -332,7 +344,7 @@ def _moved(
     container, the pod is gone and a replacement runs on ``spare``; the replacement, whose
     container printed its bind's GPU."""
     seen, check = cause
-    container = first["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+    container = _container_of(first)
     t0 = time.monotonic()
     marks: dict[str, float] = {}
 
@@ -363,15 +375,15 @@ def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
     cluster: Cluster, ns: str, say: Callable[[str], None]
 ) -> None:
     faulty, spare = REAL_NODES[0][0], REAL_NODES[1][0]
-    first, other, _ = _on_gpu0(cluster, faulty, _workers_on(cluster, ns, faulty, spare))
+    first, other = _on_gpu0(cluster, faulty, _workers_on(cluster, ns, faulty, spare))
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False,
                                             "maxUnavailablePercent": 50}})  # fmt: skip
     agent = cluster.agents[faulty]
+    plain = agent.extra_args
     try:
         until("remediation on in every replica", lambda: _policy_in_force(cluster, True), 30.0)
-        agent.stop()  # the agent restarts, and GPU 0 raises XID 79 until a self-test passes
-        agent.scenario = "xid-79"
-        agent.start()
+        # The agent restarts, and GPU 0 raises XID 79 until a self-test passes.
+        _restart(agent, "xid-79", plain)
         t0 = time.monotonic()
 
         def cordoned() -> bool:
@@ -399,16 +411,14 @@ def test_the_fault_loop_on_a_real_node_drains_it_through_the_real_kubelet(
     finally:
         patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True,
                                                 "maxUnavailablePercent": 10}})  # fmt: skip
-        agent.stop()
-        agent.scenario = "steady"
-        agent.start()
+        _restart(agent, "steady", plain)
 
 
 def test_a_pod_on_a_hot_gpu_of_a_real_node_moves_to_a_cool_one(
     cluster: Cluster, ns: str, say: Callable[[str], None]
 ) -> None:
     hot, spare = REAL_NODES[1][0], REAL_NODES[0][0]
-    first, other, _ = _on_gpu0(cluster, hot, _workers_on(cluster, ns, hot, spare))
+    first, other = _on_gpu0(cluster, hot, _workers_on(cluster, ns, hot, spare))
     agent = cluster.agents[hot]
     plain = agent.extra_args
     patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False},
@@ -416,9 +426,7 @@ def test_a_pod_on_a_hot_gpu_of_a_real_node_moves_to_a_cool_one(
     try:
         until("remediation on in every replica", lambda: _policy_in_force(cluster, True), 30.0)
         # GPU 0's airflow blocked, and no power limit of the agent's own to hold it back.
-        agent.stop()
-        agent.scenario, agent.extra_args = "overheat", [*plain, "--no-power-control"]
-        agent.start()
+        _restart(agent, "overheat", [*plain, "--no-power-control"])
         gpu0 = first["metadata"]["annotations"]["edgegpu.io/gpu-uuid"]
 
         def hot_gpu0() -> bool:
@@ -438,6 +446,4 @@ def test_a_pod_on_a_hot_gpu_of_a_real_node_moves_to_a_cool_one(
     finally:
         patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True},
                                 "thermalThrottling": {"migrateAfter": "2m"}})  # fmt: skip
-        agent.stop()
-        agent.scenario, agent.extra_args = "steady", plain
-        agent.start()
+        _restart(agent, "steady", plain)
