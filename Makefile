@@ -8,9 +8,12 @@ PORT   ?= 8888
 NODES  ?= 4
 REAL_NODES ?= $(if $(filter 0,$(shell id -u)),1,0)
 METRICS_PORT ?= 9400
+DOCKER ?= docker
+REGISTRY ?= edgegpu
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run cluster test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
+.PHONY: help venv run cluster images test pytest e2e lint format typecheck imports check crd chart proto generate bench bench-quick bench-e2e bench-openb-e2e bench-sharing bench-ab fuzz soak bench-openb bench-openb-quick gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
@@ -37,6 +40,15 @@ run: $(STAMP) ## start the extender on HOST:PORT (127.0.0.1:8888) with NODES (4)
 cluster: $(STAMP) ## a real control plane with edgegpu, NODES (4) simulated GPU nodes and REAL_NODES (1 as root) real kubelet nodes (kubeconfig: .e2e/kubeconfig)
 	@[ "$(REAL_NODES)" = 0 ] || bash tests/e2e/install-node.sh
 	$(PY) -m tests.e2e.cluster --nodes $(NODES) --real-nodes $(REAL_NODES)
+
+images: ## build REGISTRY/extender and REGISTRY/node-agent with DOCKER (docker or podman) and save them as archives in dist/images/
+	@command -v $(DOCKER) >/dev/null || { echo "make images: '$(DOCKER)' is not installed; set DOCKER=podman or install docker" >&2; exit 1; }
+	@mkdir -p dist/images
+	$(DOCKER) build -f Dockerfile.extender -t $(REGISTRY)/extender:$(VERSION) .
+	$(DOCKER) build -f Dockerfile.agent -t $(REGISTRY)/node-agent:$(VERSION) .
+	$(DOCKER) save -o dist/images/extender-$(VERSION).tar $(REGISTRY)/extender:$(VERSION)
+	$(DOCKER) save -o dist/images/node-agent-$(VERSION).tar $(REGISTRY)/node-agent:$(VERSION)
+	@echo "images: dist/images/extender-$(VERSION).tar dist/images/node-agent-$(VERSION).tar"
 
 test: $(STAMP) lint typecheck imports pytest ## lint, types, layers, unit and integration tests (no cluster; Helm built once from the Go module proxy)
 

@@ -277,6 +277,18 @@ def test_monitoring_enabled_renders_the_podmonitors_the_alert_rules_and_the_dash
     assert not [k for k in plain if k[0] in ("PodMonitor", "PrometheusRule")]
 
 
+def test_monitoring_labels_reach_every_object_a_prometheus_selects():
+    objects = _objects(_helm("template", "edge", str(CHART), "--set", "monitoring.enabled=true",
+                             "--set", "monitoring.labels.release=kps"))  # fmt: skip
+    selected = [o for k, o in objects.items() if k[0] in ("PodMonitor", "PrometheusRule")]
+    assert len(selected) == 3
+    for obj in selected:
+        assert obj["metadata"]["labels"] == {
+            "app.kubernetes.io/part-of": "edgegpu",
+            "release": "kps",
+        }
+
+
 def test_helm_takes_the_policy_values_the_policy_docs_give():
     objects = _objects(_helm("template", "edge", str(CHART), "--namespace", "edge-ops",
                              "--set", "policy.qos.defaultClass=training",
