@@ -29,6 +29,8 @@ from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin
 from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.deviceplugin.server import DevicePluginServer
 from node_agent.deviceplugin.state import StateFile
+from node_agent.dra.plugin import DraPlugin
+from node_agent.dra.server import DraServer
 from node_agent.errors import BackendUnavailable
 from node_agent.loop import Agent
 from node_agent.protection import health, power
@@ -137,6 +139,10 @@ async def _nobody() -> None:
     return None
 
 
+async def _no_claims() -> None:
+    return None
+
+
 async def _run(
     settings: AgentSettings,
     ns: argparse.Namespace,
@@ -197,6 +203,18 @@ async def _run(
                     settings.pod_resources_socket, RESOURCE, quiet=True
                 )
             plugin_server = DevicePluginServer(blocks.plugin, settings.kubelet_dir)
+        dra_server = None
+        if settings.dra and not ns.once:
+            dra_server = DraServer(
+                DraPlugin(
+                    pusher.claims(settings.node_name) if pusher is not None else _no_claims,
+                    settings.cdi_dir,
+                    agent.blocks.device_nodes_of,
+                ),
+                settings.kubelet_registry_dir,
+            )
+            server_now = dra_server
+            agent.reporter.dra_registered = lambda: server_now.registered
         try:
             if ns.once:
                 result = await agent.round()
@@ -225,6 +243,8 @@ async def _run(
             tasks = [asyncio.create_task(agent.run(stop))]
             if plugin_server is not None:
                 tasks.append(asyncio.create_task(plugin_server.run(stop)))
+            if dra_server is not None:
+                tasks.append(asyncio.create_task(dra_server.run(stop)))
             await asyncio.gather(*tasks)
             log.info("stopping")
             return 0

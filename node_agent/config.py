@@ -77,6 +77,21 @@ class AgentSettings(BaseSettings):
         description="Serve kubelet's device plugin for edgegpu.io/gpu-mem-block (the container "
         "gets the GPU chosen at bind).",
     )
+    dra: bool = Field(
+        False,
+        description="Serve kubelet's DRA plugin for the driver gpu.edgegpu.io (Kubernetes 1.34 "
+        "or later): the extender publishes this node's GPUs as ResourceSlices once kubelet "
+        "has taken the plugin, and each prepared claim gets a CDI spec.",
+    )
+    kubelet_registry_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins_registry"),
+        description="kubelet's plugin registration folder: the DRA plugin's socket.",
+    )
+    cdi_dir: Path = Field(
+        Path("/var/run/cdi"),
+        description="Where the DRA plugin writes each prepared claim's CDI spec (the container "
+        "runtime's CDI spec folder).",
+    )
     kubelet_dir: Path = Field(
         Path("/var/lib/kubelet/device-plugins"),
         description="kubelet's device-plugins folder (its kubelet.sock and our socket).",
@@ -177,6 +192,15 @@ class AgentSettings(BaseSettings):
         if isinstance(data, dict) and not data.get("node_name") and os.environ.get("NODE_NAME"):
             return {**data, "node_name": os.environ["NODE_NAME"]}
         return data
+
+    @model_validator(mode="after")
+    def _one_dialect(self) -> AgentSettings:
+        if self.dra and self.device_plugin:
+            raise ValueError(
+                "dra and device_plugin are exclusive: both would give the same GPU memory to "
+                "two pods; a node serves one dialect"
+            )
+        return self
 
     @field_validator("tls_server_name")
     @classmethod

@@ -98,6 +98,12 @@ class ExtenderSettings(BaseSettings):
         "edge-gpu-policy", min_length=1, description="GPUSchedulingPolicy to watch and follow."
     )
     namespace: str = Field("edgegpu-system", description="Namespace of the extender's Lease.")
+    dra: bool = Field(
+        False,
+        description="Act as the DRA driver gpu.edgegpu.io (Kubernetes 1.34 or later): publish "
+        "each node's GPUs as a ResourceSlice (leader), with heat and faults as device taints, "
+        "and list each node's allocated claims to its agent.",
+    )
     leader_elect: bool = Field(True, description="Campaign for the Lease (one replica acts).")
     lease_name: str = Field("edgegpu-extender", description="Name of the leader Lease.")
     identity: str | None = Field(None, description="Leader identity; default host name + pid.")

@@ -56,8 +56,13 @@ class BlockInventory:
 
     async def advertise(self, snap: Snapshot, healths: Mapping[int, GpuHealth]) -> None:
         """Tell the device plugin (where it runs) the GPUs of this sample."""
+        gpus = self._gpus(snap, healths)  # also finds AMD and Intel GPUs' device nodes
         if self.plugin is not None:
-            await self.plugin.update(self._gpus(snap, healths))
+            await self.plugin.update(gpus)
+
+    def device_nodes_of(self, uuid: str) -> tuple[str, ...]:
+        """An AMD or Intel GPU's device nodes as last found; empty for NVIDIA or unknown."""
+        return self._nodes.get(uuid) or ()
 
     async def lend_blocks(
         self, lend: dict[str, int], snap: Snapshot, healths: Mapping[int, GpuHealth]

@@ -83,14 +83,14 @@ class DevicePluginServer:
                 if not warned:
                     log.warning("no kubelet socket in %s yet: waiting", self.folder)
                     warned = True
-                await _sleep(stop, self.poll_s)
+                await sleep_or_stop(stop, self.poll_s)
                 continue
             warned = False
             try:
                 await self._serve(stop, kubelet)
             except Exception as exc:  # a folder it cannot write, a path too long for a socket
                 log.error("device plugin on %s: %s; trying again", self.path, exc)
-                await _sleep(stop, max(self.poll_s, 5.0))
+                await sleep_or_stop(stop, max(self.poll_s, 5.0))
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, stop: asyncio.Event, kubelet: tuple[int, int]) -> None:
@@ -103,17 +103,18 @@ class DevicePluginServer:
         try:
             await self._register()
             while not stop.is_set() and self.path.exists() and self._kubelet_id() == kubelet:
-                await _sleep(stop, self.poll_s)
+                await sleep_or_stop(stop, self.poll_s)
             if not stop.is_set():
                 log.warning("kubelet restarted (or our socket was removed): registering again")
         except grpc.aio.AioRpcError as exc:
             log.warning("registering with kubelet failed: %s; retrying", exc.details())
-            await _sleep(stop, self.poll_s)
+            await sleep_or_stop(stop, self.poll_s)
         finally:
             await server.stop(grace=0.5)
 
 
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less once ``stop`` is set."""
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
     except TimeoutError:

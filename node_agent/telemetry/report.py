@@ -125,6 +125,8 @@ class Reporter:
         self.seq = 0
         self.hot_threshold_c = DEFAULT_HOT_THRESHOLD_C
         """The extender's maxTemp, as its last answer said."""
+        self.dra_registered: Callable[[], bool | None] = lambda: None
+        """Whether kubelet accepted the agent's DRA plugin (None: it serves none)."""
         self._hot_at: dict[str, float] = {}
         """By GPU uuid: when it last read at or above ``hot_threshold_c`` (sample time)."""
 
@@ -201,6 +203,7 @@ class Reporter:
                     "driver_ok": c.driver_ok,
                     "device_nodes_ok": c.device_nodes_ok,
                     "device_plugin_ok": c.device_plugin_ok,
+                    "dra_plugin_registered": self.dra_registered(),
                     "cuda_ctx_success_ratio": c.cuda_ctx_success_ratio,
                 },
                 "gpus": gpus,

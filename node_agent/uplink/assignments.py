@@ -46,11 +46,14 @@ async def merged(
     return list(merged.values())
 
 
-async def _listed(
-    client: httpx.AsyncClient, t: Replica, node: str, headers: dict[str, str], cap: int
-) -> list[Assigned] | None:
-    """One replica's answer to ``/v1/nodes/{node}/assignments``; None when it gives none."""
-    url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/assignments"
+async def listed_rows(
+    client: httpx.AsyncClient, t: Replica, node: str, what: str, headers: dict[str, str], cap: int
+) -> list[object] | None:
+    """The list one replica answers to ``/v1/nodes/{node}/{what}``, under the key ``what``.
+
+    None when it gives none (each failure logged).
+    """
+    url = t.url.removesuffix("/v1/telemetry") + f"/v1/nodes/{node}/{what}"
     extra = {"host": t.host} if t.host is not None else {}
     try:
         async with asyncio.timeout(ASSIGNMENTS_TIMEOUT_S):
@@ -60,19 +63,29 @@ async def _listed(
                 status = resp.status_code
                 raw = await read_capped(resp, cap)
     except (httpx.HTTPError, TimeoutError, AnswerTooLarge) as exc:
-        log.warning("assignments from %s: %s", url, f"{type(exc).__name__}: {exc}")
+        log.warning("%s from %s: %s", what, url, f"{type(exc).__name__}: {exc}")
         return None
     if status != 200:
-        log.warning("assignments from %s: HTTP %d %s", url, status, head(raw, 200))
+        log.warning("%s from %s: HTTP %d %s", what, url, status, head(raw, 200))
         return None
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        log.warning("assignments from %s: not JSON: %s", url, str(exc)[:200])
+        log.warning("%s from %s: not JSON: %s", what, url, str(exc)[:200])
         return None
-    rows = doc.get("assignments") if isinstance(doc, dict) else None
+    rows = doc.get(what) if isinstance(doc, dict) else None
     if not isinstance(rows, list):
-        log.warning("assignments from %s: no list of assignments", url)
+        log.warning("%s from %s: no list of %s", what, url, what)
+        return None
+    return rows
+
+
+async def _listed(
+    client: httpx.AsyncClient, t: Replica, node: str, headers: dict[str, str], cap: int
+) -> list[Assigned] | None:
+    """One replica's answer to ``/v1/nodes/{node}/assignments``; None when it gives none."""
+    rows = await listed_rows(client, t, node, "assignments", headers, cap)
+    if rows is None:
         return None
     out: list[Assigned] = []
     bad = 0
@@ -86,7 +99,7 @@ async def _listed(
             out.append(found)
     if bad:
         # A pod left out has no GPU to be given: its allocation fails rather than guess.
-        log.warning("assignments from %s: %d rows not understood, left out", url, bad)
+        log.warning("assignments from %s: %d rows not understood, left out", t.url, bad)
     return out
 
 

@@ -20,7 +20,8 @@ from typing import Literal
 import httpx
 
 from node_agent.deviceplugin.devices import Assigned
-from node_agent.uplink import assignments
+from node_agent.dra.plugin import AllocatedClaim
+from node_agent.uplink import assignments, claims
 from node_agent.uplink.answer import Ask, PushAnswer, read_answer
 from node_agent.uplink.replicas import (
     MAX_ANSWER_BYTES,
@@ -177,16 +178,28 @@ class Pusher:
         target.last_error = error
         return "failed"
 
+    async def _askable(self) -> list[Replica]:
+        """The replicas to ask now: those whose CA is there."""
+        replicas = (await self._replicas.current())[0]
+        ca_missing = self._ca.ready() if self._ca is not None else None
+        return [r for r in replicas if not waits_for_ca(r, ca_missing)]
+
     def assignments(self, node: str) -> Callable[[], Awaitable[list[Assigned] | None]]:
         """The device plugin's lookup of the node's GPU assignments (``assignments.merged``)."""
 
         async def lookup() -> list[Assigned] | None:
-            headers = self._headers()
-            replicas = (await self._replicas.current())[0]
-            ca_missing = self._ca.ready() if self._ca is not None else None
-            replicas = [r for r in replicas if not waits_for_ca(r, ca_missing)]
             return await assignments.merged(
-                self._client, replicas, node, headers, self._max_answer_bytes
+                self._client, await self._askable(), node, self._headers(), self._max_answer_bytes
+            )
+
+        return lookup
+
+    def claims(self, node: str) -> Callable[[], Awaitable[dict[str, AllocatedClaim] | None]]:
+        """The DRA plugin's lookup of the node's allocated claims (``claims.merged``)."""
+
+        async def lookup() -> dict[str, AllocatedClaim] | None:
+            return await claims.merged(
+                self._client, await self._askable(), node, self._headers(), self._max_answer_bytes
             )
 
         return lookup

@@ -28,6 +28,7 @@ from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.k8s.auth import AgentAuth, StaticTokenAuth, TokenReviewAuth
 from scheduler_extender.k8s.binder import Binder, KubeBinder
 from scheduler_extender.k8s.client import KubeApi
+from scheduler_extender.k8s.dra import DraView
 from scheduler_extender.k8s.leader import LeaseElector
 from scheduler_extender.k8s.sync import ClusterSync
 from scheduler_extender.metrics import ExtenderMetrics
@@ -108,6 +109,7 @@ def create_app(
             base_policy=policy,
             on_policy=on_policy,
             on_restart=lambda resource, why: ctx.metrics.watch_restarts.labels(resource, why).inc(),
+            dra=DraView() if settings.dra else None,
         )
         sync_now = ctx.sync
         ctx.metrics.policy_refused.set_function(lambda: float(bool(sync_now.policy_errors)))
@@ -134,6 +136,7 @@ def create_app(
             synced=lambda: sync.synced and not sync.policy_refused,
             identity=identity,
             namespace=settings.namespace,
+            dra=ctx.sync.dra,
         )
         acting = asyncio.create_task(ctx.remediator.run())
         try:

@@ -212,6 +212,16 @@ def push(ctx: AppContext, identity: Identity | None, body: bytes) -> tuple[int, 
     return answer(ctx, checked.digest.node, result)
 
 
+async def _node_agent_only(
+    ctx: AppContext, node: str, client: str | None, token: str | None
+) -> tuple[int, bytes] | None:
+    """The refusal of a caller that may not speak for ``node``'s agent; None when it may."""
+    identity = await authenticate(ctx, client, token)
+    if isinstance(identity, tuple):
+        return identity
+    return authorize(ctx, identity, node)
+
+
 async def assignments(
     ctx: AppContext, node: str, client: str | None, token: str | None
 ) -> tuple[int, bytes]:
@@ -220,10 +230,7 @@ async def assignments(
     The GPU assignments of the pods on ``node``, for that node's agent only: its device plugin
     gives each container the GPU chosen at bind.
     """
-    identity = await authenticate(ctx, client, token)
-    if isinstance(identity, tuple):
-        return identity
-    refused = authorize(ctx, identity, node)
+    refused = await _node_agent_only(ctx, node, client, token)
     if refused is not None:
         return refused
     if ctx.sync is not None and not ctx.sync.synced:
@@ -252,3 +259,22 @@ async def assignments(
         )
     block_mib = ctx.state.policy.spec.memory.block_mib
     return 200, orjson.dumps({"node": node, "block_mib": block_mib, "assignments": rows})
+
+
+async def claims(
+    ctx: AppContext, node: str, client: str | None, token: str | None
+) -> tuple[int, bytes]:
+    """``GET /v1/nodes/{node}/claims`` → (status, JSON body).
+
+    The ResourceClaims allocated a GPU of ``node``, for that node's agent only: its DRA plugin
+    prepares them.
+    """
+    refused = await _node_agent_only(ctx, node, client, token)
+    if refused is not None:
+        return refused
+    dra = ctx.sync.dra if ctx.sync is not None else None
+    if dra is None:
+        return _error(404, "this extender runs without DRA (EDGEGPU_DRA)")
+    if not (dra.claims_synced and dra.slices_synced):
+        return _error(503, "the claim cache is not synced yet: ask another replica")
+    return 200, orjson.dumps({"node": node, "claims": dra.claims_on(node)})

@@ -302,6 +302,28 @@ async def node_assignments(node: str, request: Request) -> Response:
     return Response(body, status, media_type="application/json")
 
 
+@router.get(
+    "/v1/nodes/{node}/claims",
+    tags=["telemetry"],
+    summary="The ResourceClaims allocated a GPU of the node",
+    responses={
+        401: {"description": "no bearer token, or one the API server does not know"},
+        403: {"description": "a token for another node, or not loopback without agent auth"},
+        404: {"description": "this extender runs without DRA"},
+        503: {"description": "this replica's claim cache is not synced yet"},
+    },
+)
+async def node_claims(node: str, request: Request) -> Response:
+    """Each claim's devices on ``node``: GPU uuid, memory, request, share id.
+
+    For that node's agent (its DRA plugin prepares them), authenticated as a telemetry push is.
+    """
+    ctx = get_ctx(request)
+    client = request.client.host if request.client is not None else None
+    status, body = await ingest.claims(ctx, node, client, bearer(request.scope["headers"]))
+    return Response(body, status, media_type="application/json")
+
+
 @router.get("/healthz", tags=["ops"])
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""

@@ -7,6 +7,7 @@ blocking; callers run them in threads, never on the request path of the schedule
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scheduler_extender.names import POLICY_PLURAL
+from scheduler_extender.names import DRA_DRIVER, POLICY_PLURAL
 
 log = logging.getLogger("scheduler_extender.k8s")
 
@@ -141,6 +142,7 @@ class KubeApi:
         self.coordination = client.CoordinationV1Api(api_client)
         self.authn = client.AuthenticationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.resource = client.ResourceV1Api(api_client)
 
     def with_timeout(
         self, timeout_s: float, on_date: Callable[[str], None] | None = None
@@ -157,6 +159,12 @@ class KubeApi:
             return self.core.list_node, ()
         if resource == "pods":
             return self.core.list_pod_for_all_namespaces, ()
+        if resource == "resourceslices":  # ours only
+            return functools.partial(
+                self.resource.list_resource_slice, field_selector=f"spec.driver={DRA_DRIVER}"
+            ), ()
+        if resource == "resourceclaims":
+            return self.resource.list_resource_claim_for_all_namespaces, ()
         if resource == POLICY_PLURAL:
             return self.custom.list_cluster_custom_object, (
                 POLICY_GROUP,
@@ -279,6 +287,24 @@ class KubeApi:
             {"status": {"conditions": [condition]}},
             _content_type=STRATEGIC_MERGE_PATCH,
         )
+
+    # -- DRA: ResourceSlices ------------------------------------------------------------------
+    def create_resource_slice(self, body: JsonDict) -> JsonDict:
+        """Create a ResourceSlice."""
+        doc: JsonDict = orjson.loads(self._call(self.resource.create_resource_slice, body).data)
+        return doc
+
+    def replace_resource_slice(self, name: str, body: JsonDict) -> JsonDict:
+        """Replace a ResourceSlice; 409 unless ``body``'s resourceVersion is the stored one."""
+        doc: JsonDict = orjson.loads(
+            self._call(self.resource.replace_resource_slice, name, body).data
+        )
+        return doc
+
+    def delete_resource_slice(self, name: str, uid: str, resource_version: str) -> None:
+        """Delete a ResourceSlice, only the one of that uid and resourceVersion (409 else)."""
+        body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        self._call(self.resource.delete_resource_slice, name, body=body)
 
     # -- authentication, events, leases, policy ---------------------------------------------
     def token_review(self, token: str, audiences: Sequence[str] = ()) -> JsonDict:

@@ -23,6 +23,7 @@ from typing import Any
 from scheduler_extender.domain import Assignment, QosClass
 from scheduler_extender.errors import PolicyError, RequestError
 from scheduler_extender.k8s.client import JsonDict, KubeApi, KubeError
+from scheduler_extender.k8s.dra import DraView
 from scheduler_extender.k8s.translate import (
     group_of,
     host_requests,
@@ -107,6 +108,63 @@ def assignment_from_pod(pod: JsonDict, state: ClusterState) -> Assignment | None
     )
 
 
+def assignment_from_claims(pod: JsonDict, dra: DraView, state: ClusterState) -> Assignment | None:
+    """The GPUs a bound pod holds through its ResourceClaims of our driver, if any.
+
+    What the fault loop, thermal migration and the filter's memory accounting read, as they
+    read a device-plugin pod's annotations: a GPU of the claim's node, all of it when the claim
+    consumes all of its memory, else the claim's memory in blocks.
+    """
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in _FINISHED:
+        return None
+    indices: list[int] = []
+    uuids: list[str] = []
+    partial: list[int] = []
+    whole = False
+    for claim in dra.claims_of(pod):
+        if claim.node != node:
+            continue
+        for d in claim.devices:
+            index = d.device.removeprefix("gpu-")
+            if not index.isdigit() or int(index) in indices:
+                continue
+            indices.append(int(index))
+            uuids.append(dra.gpu_uuid(node, d.device) or "")
+            capacity = dra.memory_mib(node, d.device)
+            if d.memory_mib is None or capacity is None or d.memory_mib >= capacity:
+                whole = True
+            else:
+                partial.append(d.memory_mib)
+    if not indices:
+        return None
+    block = state.policy.spec.memory.block_mib
+    if len(indices) > 1:
+        whole = True  # blocks are counted on one GPU; a claim of several takes them all
+    try:
+        qos = resolve_class(
+            (meta.get("annotations") or {}).get(QOS_ANNOTATION),
+            (pod.get("spec") or {}).get("priority"),
+            state.policy.spec.qos,
+        )
+    except ValueError:
+        qos = state.policy.spec.qos.default_class
+    return Assignment(
+        pod_uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        node=str(node),
+        gpu_indices=tuple(indices),
+        gpu_uuids=tuple(uuids),
+        mem_blocks=0 if whole else -(-sum(partial) // block),
+        whole=whole,
+        qos=qos,
+        group=group_of(meta.get("labels") or {}),
+        assigned_at=_iso_to_epoch(meta.get("creationTimestamp"), state.clock.wall()),
+    )
+
+
 class ClusterSync:
     """Nodes, Pods and the policy resource, watched into a ClusterState."""
 
@@ -121,6 +179,7 @@ class ClusterSync:
         on_policy: Callable[[Policy, str], None] | None = None,
         on_restart: Callable[[str, str], Any] | None = None,
         watch_timeout_s: int = 300,
+        dra: DraView | None = None,
     ) -> None:
         self.api = api
         self.state = state
@@ -134,7 +193,9 @@ class ClusterSync:
         self.pods_by_uid: dict[str, JsonDict] = {}
         """Pods by uid: what a decision about one pod reads (never its predecessor's object)."""
         self._ours: set[str] = set()
-        """Pod uids whose assignment came from their annotations."""
+        """Pod uids whose assignment came from their annotations (or their claims)."""
+        self._by_claims: set[str] = set()
+        """Pod uids whose assignment came from their ResourceClaims."""
         self.policy_errors: list[str] = []
         self.policy_generation: int | None = None
         self._last_spec: Any = None
@@ -161,6 +222,12 @@ class ClusterSync:
             reflector(POLICY_PLURAL, self._replace_policies, self._policy_event),
         ]
         self._applied = {r.name: False for r in self.reflectors}
+        self.dra = dra
+        if dra is not None:  # not in ``synced``: a cluster without DRA still schedules
+            self.reflectors += [
+                reflector("resourceslices", self._replace_slices, self._slice_event),
+                reflector("resourceclaims", self._replace_claims, self._claim_event),
+            ]
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +304,7 @@ class ClusterSync:
                 self.pods.pop(key, None)  # not a successor that took the name already
             self.pods_by_uid.pop(uid, None)
             self._ours.discard(uid)
+            self._by_claims.discard(uid)
             self.state.release(uid)  # a deleted pod frees its GPUs, assumed or not
             self.state.host_pod_gone(uid)
             return
@@ -253,8 +321,11 @@ class ClusterSync:
             if uid not in self._ours or current != assignment:
                 self.state.assign(assignment, authoritative=True)
                 self._ours.add(uid)
+        elif self.dra is not None and (pod.get("spec") or {}).get("resourceClaims"):
+            self._claims_changed(pod)
         elif uid in self._ours or (pod.get("status") or {}).get("phase") in _FINISHED:
             self._ours.discard(uid)
+            self._by_claims.discard(uid)
             self.state.release(uid)
 
     def _host_event(self, uid: str, pod: JsonDict) -> None:
@@ -272,6 +343,53 @@ class ClusterSync:
             log.warning("%s", exc)
             return
         self.state.host_pod(uid, str(node), cpu, memory)
+
+    # -- DRA ------------------------------------------------------------------------------------
+    def _replace_slices(self, items: list[JsonDict]) -> None:
+        assert self.dra is not None
+        self.dra.replace_slices(items)
+
+    def _slice_event(self, kind: str, obj: JsonDict) -> None:
+        assert self.dra is not None
+        self.dra.slice_event(kind, obj)
+
+    def _replace_claims(self, items: list[JsonDict]) -> None:
+        assert self.dra is not None
+        self.dra.replace_claims(items)
+        for pod in list(self.pods_by_uid.values()):
+            self._claims_changed(pod)
+
+    def _claim_event(self, kind: str, obj: JsonDict) -> None:
+        assert self.dra is not None
+        before = self.dra.claims.get(str((obj.get("metadata") or {}).get("uid", "")))
+        self.dra.claim_event(kind, obj)
+        after = self.dra.claims.get(str((obj.get("metadata") or {}).get("uid", "")))
+        reserved = {ref.get("uid") for ref in (obj.get("status") or {}).get("reservedFor") or []
+                    if isinstance(ref, dict)}  # fmt: skip
+        for claim in (before, after):
+            reserved |= set(claim.reserved_for) if claim is not None else set()
+        for uid in reserved:
+            pod = self.pods_by_uid.get(str(uid))
+            if pod is not None:
+                self._claims_changed(pod)
+
+    def _claims_changed(self, pod: JsonDict) -> None:
+        """A pod's GPUs held through claims, as its claims say now."""
+        uid = _pod_uid(pod)
+        if uid in self._ours and uid not in self._by_claims:
+            return  # its annotations say (a device-plugin pod)
+        assignment = (
+            assignment_from_claims(pod, self.dra, self.state) if self.dra is not None else None
+        )
+        if assignment is not None:
+            if self.state.allocations.get(uid) != assignment:
+                self.state.assign(assignment, authoritative=True)
+            self._ours.add(uid)
+            self._by_claims.add(uid)
+        elif uid in self._by_claims:
+            self._by_claims.discard(uid)
+            self._ours.discard(uid)
+            self.state.release(uid)
 
     # -- policy ---------------------------------------------------------------------------------
     def _replace_policies(self, items: list[JsonDict]) -> None:

@@ -170,6 +170,10 @@ class Actuator:
             self.metrics.remediation_timeouts.labels(what.split(" ", 1)[0]).inc()
             raise KubeError(0, f"{what}: no answer in {self.timeout_s:g} s") from None
 
+    async def call(self, what: str, write: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` as every call of ours is made: in a thread, timed out, writes fenced."""
+        return await self._call(what, write, fn, *args)
+
     async def read_node(self, name: str) -> JsonDict:
         """The node as the API server has it now (a watch may lag)."""
         node: JsonDict = await self._call(f"get node {name}", False, self.kube.get_node, name)

@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from scheduler_extender.k8s.client import JsonDict, KubeApi
+from scheduler_extender.k8s.dra import DraView
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.remediation.actuator import CALL_TIMEOUT_S, COMPONENT, Actuator, NotLeading
 from scheduler_extender.remediation.breaker import CONFIG_MAP
 from scheduler_extender.remediation.faultloop import FaultLoop
 from scheduler_extender.remediation.faults import Record
 from scheduler_extender.remediation.memory import Budgets, Reclaim
+from scheduler_extender.remediation.slices import SlicePublisher
 from scheduler_extender.remediation.thermal import Eviction, Migration
 from scheduler_extender.state.cluster import ClusterState
 
@@ -49,6 +51,7 @@ class Remediator:
         identity: str = COMPONENT,
         timeout_s: float = CALL_TIMEOUT_S,
         namespace: str = "edgegpu-system",
+        dra: DraView | None = None,
     ) -> None:
         """``leading(s)``: whether this replica leads now and will still ``s`` seconds on.
 
@@ -67,6 +70,8 @@ class Remediator:
         self.faults = FaultLoop(
             state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity,
         )  # fmt: skip
+        self.slices = SlicePublisher(state, self.act, nodes, dra) if dra is not None else None
+        """The DRA driver's ResourceSlices: published whether remediation is on or not."""
         self._paused_said = False
 
     @property
@@ -86,6 +91,13 @@ class Remediator:
 
         The records are read back from the annotations whenever leadership is new.
         """
+        if self.slices is not None and self.leading(0.0):
+            try:
+                await self.slices.step()
+            except NotLeading as exc:
+                log.warning("resourceslices: leadership lost before %s", exc)
+            except Exception:
+                log.exception("resourceslices: the round failed; carrying on")
         args = self.state.policy.spec.remediation
         if not args.enabled or not self.leading(0.0) or args.paused:
             self._stand_down()

@@ -77,6 +77,7 @@ class NodeHealth(msgspec.Struct, frozen=True, gc=False):
     driver_ok: bool | None = None
     device_nodes_ok: bool | None = None
     device_plugin_ok: bool | None = None
+    dra_plugin_registered: bool | None = None
     cuda_ctx_success_ratio: _Ratio | None = None
 
 

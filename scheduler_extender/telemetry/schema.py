@@ -62,6 +62,7 @@ class NodeHealth(_Model):
     driver_ok: bool | None = None
     device_nodes_ok: bool | None = None
     device_plugin_ok: bool | None = None
+    dra_plugin_registered: bool | None = None
     cuda_ctx_success_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
 
 

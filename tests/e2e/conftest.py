@@ -215,7 +215,11 @@ def start_cluster(
     cp = ControlPlane(folder)
     kubelet = FakeKubelet(cp)
     # The second profile of the whole-Node-objects case, listed as docs/install.md says.
-    served = {"EDGEGPU_SCHEDULER_NAMES": '["edgegpu-scheduler", "edgegpu-full-nodes"]'}
+    # The extenders are the DRA driver too, as overlays/dra/ makes them (EDGEGPU_DRA; its
+    # DeviceClass and RBAC are applied after the install): a node's slice appears only once
+    # its agent serves kubelet's DRA plugin, which the DRA cases' agents do.
+    served = {"EDGEGPU_SCHEDULER_NAMES": '["edgegpu-scheduler", "edgegpu-full-nodes"]',
+              "EDGEGPU_DRA": "true"}  # fmt: skip
     extenders = [Extender(cp, f"edgegpu-extender-{i}", extra_env=served) for i in range(2)]
     balancer = Balancer(extenders, Pki(cp.folder / f"pki-{NAMESPACE}"))
     scheduler = EdgegpuScheduler(cp, balancer.url)
@@ -234,6 +238,7 @@ def start_cluster(
             cluster.real[name] = node
             node.start()
         cluster.installed = install(cp)
+        cp.kubectl("apply", "-f", "overlays/dra/deviceclass.yaml", "-f", "overlays/dra/rbac.yaml")
         for ext in extenders:
             ext.start()
         balancer.start()

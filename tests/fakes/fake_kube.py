@@ -101,7 +101,9 @@ def json_patch(target: JSON, ops: list[JSON]) -> JSON:
         for p in parts[:-1]:
             parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
         last = parts[-1]
-        if op["op"] in ("add", "replace"):
+        if op["op"] == "replace" and isinstance(parent, list):
+            parent[int(last)] = op["value"]
+        elif op["op"] in ("add", "replace"):
             if isinstance(parent, list):
                 parent.insert(len(parent) if last == "-" else int(last), op["value"])
             else:

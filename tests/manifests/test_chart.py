@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import tools.chart
+from tests.fakes.fake_kube import json_patch
 from tests.gotools import HELM, build_go_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +100,33 @@ def _pem(data: dict[str, str], key: str, folder: Path) -> Path:
 
 def _openssl(*args: str) -> str:
     return subprocess.run(["openssl", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _with_dra_overlay() -> dict[tuple[str, str, str], dict[str, Any]]:
+    """What ``kubectl apply -k overlays/dra/`` creates: its patches applied, its objects added."""
+    overlay = ROOT / "overlays" / "dra"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    objects = _kustomized()
+    for patch in kustomization["patches"]:
+        target = patch["target"]
+        (key,) = [k for k in objects if k[0] == target["kind"] and k[2] == target["name"]]
+        objects[key] = json_patch(objects[key], yaml.safe_load(patch["patch"]))
+    for resource in kustomization["resources"]:
+        if not resource.startswith(".."):
+            objects.update(_objects((overlay / resource).read_text()))
+    return objects
+
+
+def test_dra_enabled_renders_what_the_dra_overlay_applies():
+    rendered = _objects(_helm("template", "edgegpu", str(CHART), "--namespace", "edgegpu-system",
+                              "--include-crds", "--set", "dra.enabled=true"))  # fmt: skip
+    overlaid = _with_dra_overlay()
+    del overlaid[("Namespace", "", "edgegpu-system")]
+    for key, obj in overlaid.items():
+        assert rendered[key] == obj, key
+    agent = rendered[("DaemonSet", "edgegpu-system", "edgegpu-node-agent")]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--dra" in args and "--device-plugin" not in args
 
 
 def test_by_default_helm_makes_one_ca_the_extenders_serving_and_the_schedulers_client_certificate(

@@ -1,0 +1,1 @@
+"""kubelet's Dynamic Resource Allocation plugin for the driver ``gpu.edgegpu.io``."""

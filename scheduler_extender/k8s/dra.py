@@ -1,0 +1,202 @@
+"""What the extender sees of Dynamic Resource Allocation: our slices, the claims on our GPUs.
+
+Fed by two reflectors (every replica): the slices of driver ``gpu.edgegpu.io``, which the leader
+publishes (``remediation.slices``), and every ResourceClaim, of which those allocated a device of
+ours are kept. A node's agent lists its claims from here when kubelet prepares them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_extender.k8s.client import JsonDict
+from scheduler_extender.names import DRA_DRIVER, DRA_MEMORY_CAPACITY
+
+log = logging.getLogger("scheduler_extender.dra")
+
+_BYTES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}  # fmt: skip
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+
+
+def mib_of(quantity: object) -> int | None:
+    """A memory quantity (``8Gi``, ``4096Mi``, ``8589934592``) in whole MiB; None if not one."""
+    match = _QUANTITY.fullmatch(str(quantity).strip())
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    mib = int(float(number) * _BYTES.get(suffix or "", 1) / 2**20)
+    return mib if 0 < mib < 2**40 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One device of ours a claim was allocated."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    memory_mib: int | None
+    """What it consumes of the device's memory; None: no capacity (the whole device)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An allocated ResourceClaim with at least one device of ours."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    devices: tuple[ClaimDevice, ...]
+    reserved_for: tuple[str, ...]
+    """The pod uids it is reserved for."""
+
+
+def claim_of(obj: JsonDict) -> Claim | None:
+    """The claim if it is allocated one of our devices on one node; None otherwise."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    devices = []
+    pools = set()
+    for r in results:
+        if not isinstance(r, dict) or r.get("driver") != DRA_DRIVER:
+            continue
+        consumed = (r.get("consumedCapacity") or {}).get(DRA_MEMORY_CAPACITY)
+        devices.append(
+            ClaimDevice(
+                request=str(r.get("request", "")),
+                pool=str(r.get("pool", "")),
+                device=str(r.get("device", "")),
+                share_id=str(r["shareID"]) if r.get("shareID") else None,
+                memory_mib=mib_of(consumed) if consumed is not None else None,
+            )
+        )
+        pools.add(str(r.get("pool", "")))
+    if not devices or len(pools) != 1:
+        return None  # our pools are nodes: a claim of ours spans one
+    reserved = tuple(
+        str(ref.get("uid", "")) for ref in status.get("reservedFor") or [] if isinstance(ref, dict)
+    )
+    return Claim(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=pools.pop(),
+        devices=tuple(devices),
+        reserved_for=reserved,
+    )
+
+
+class DraView:
+    """Our ResourceSlices by name and the claims allocated our devices, by uid."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, JsonDict] = {}
+        self.slices_synced = False
+        self.claims: dict[str, Claim] = {}
+        self.claims_synced = False
+
+    # -- slices ---------------------------------------------------------------------------------
+    def replace_slices(self, items: list[JsonDict]) -> None:
+        """A relist of our slices."""
+        self.slices = {str(s["metadata"]["name"]): s for s in items if _ours(s)}
+        self.slices_synced = True
+
+    def slice_event(self, kind: str, obj: JsonDict) -> None:
+        """One watch event on a slice."""
+        if not _ours(obj):
+            return
+        name = str(obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.slices.pop(name, None)
+        else:
+            self.slices[name] = obj
+
+    def _device(self, node: str, device: str) -> JsonDict | None:
+        for s in self.slices.values():
+            spec = s.get("spec") or {}
+            if spec.get("nodeName") != node:
+                continue
+            for d in spec.get("devices") or []:
+                if d.get("name") == device:
+                    return dict(d)
+        return None
+
+    def gpu_uuid(self, node: str, device: str) -> str | None:
+        """The GPU uuid our slice of ``node`` gives ``device``; None when not known."""
+        d = self._device(node, device) or {}
+        uuid = ((d.get("attributes") or {}).get("uuid") or {}).get("string")
+        return str(uuid) if uuid else None
+
+    def memory_mib(self, node: str, device: str) -> int | None:
+        """The memory capacity our slice of ``node`` gives ``device``; None when not known."""
+        d = self._device(node, device) or {}
+        value = ((d.get("capacity") or {}).get(DRA_MEMORY_CAPACITY) or {}).get("value")
+        return mib_of(value) if value is not None else None
+
+    # -- claims ---------------------------------------------------------------------------------
+    def replace_claims(self, items: list[JsonDict]) -> None:
+        """A relist of every ResourceClaim."""
+        claims = (claim_of(c) for c in items)
+        self.claims = {c.uid: c for c in claims if c is not None}
+        self.claims_synced = True
+
+    def claim_event(self, kind: str, obj: JsonDict) -> None:
+        """One watch event on a claim."""
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        claim = None if kind == "DELETED" else claim_of(obj)
+        if claim is None:
+            self.claims.pop(uid, None)
+        else:
+            self.claims[uid] = claim
+
+    def claim_named(self, namespace: str, name: str) -> Claim | None:
+        """The allocated claim of that name, if it is one of ours."""
+        for c in self.claims.values():
+            if c.namespace == namespace and c.name == name:
+                return c
+        return None
+
+    def claims_of(self, pod: JsonDict) -> list[Claim]:
+        """The pod's claims that were allocated devices of ours."""
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        spec = pod.get("spec") or {}
+        names = [str(r["resourceClaimName"]) for r in spec.get("resourceClaims") or []
+                 if isinstance(r, dict) and r.get("resourceClaimName")]  # fmt: skip
+        names += [str(s["resourceClaimName"])
+                  for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                  if isinstance(s, dict) and s.get("resourceClaimName")]  # fmt: skip
+        found = (self.claim_named(namespace, n) for n in dict.fromkeys(names))
+        return [c for c in found if c is not None]
+
+    def claims_on(self, node: str) -> list[dict[str, Any]]:
+        """The node's claims as its agent reads them (``/v1/nodes/{node}/claims``)."""
+        rows = []
+        for c in self.claims.values():
+            if c.node != node:
+                continue
+            devices = []
+            for d in c.devices:
+                uuid = self.gpu_uuid(node, d.device)
+                if uuid is None:
+                    log.warning("claim %s/%s: device %s of node %s is in no slice of ours",
+                                c.namespace, c.name, d.device, node)  # fmt: skip
+                    break
+                devices.append({"request": d.request, "pool": d.pool, "device": d.device,
+                                "uuid": uuid, "memory_mib": d.memory_mib,
+                                "share_id": d.share_id})  # fmt: skip
+            else:
+                rows.append({"uid": c.uid, "namespace": c.namespace, "name": c.name,
+                             "devices": devices})  # fmt: skip
+        return rows
+
+
+def _ours(obj: JsonDict) -> bool:
+    return bool((obj.get("spec") or {}).get("driver") == DRA_DRIVER)

@@ -1,0 +1,251 @@
+"""edgegpu as a DRA driver on the real control plane and a real kubelet node.
+
+real-1's agent serves kubelet's DRA plugin instead of the device plugin: the real kubelet
+registers it, the leader publishes real-1's GPUs as a ResourceSlice, the real kube-scheduler
+allocates a claim's device and binds the pod, and the real kubelet calls the plugin's
+NodePrepareResources before it starts the container (and NodeUnprepareResources after). A hot
+GPU's device is tainted and the scheduler gives the next claim another one. Debian's containerd
+1.6 does not read CDI specs, so the container runs without the GPU's environment; the CDI spec
+the plugin wrote for it is checked instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import REAL_NODES, Cluster, until
+from tests.e2e.edgegpu import Agent
+from tests.e2e.realnode import RealNode, real_pod
+from tests.e2e.test_policy_and_auth import patch_policy
+from tests.e2e.test_remediation import _policy_in_force
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="real nodes need root (kubelet, containerd and runc run as root)"
+)
+
+DRIVER = "gpu.edgegpu.io"
+WAIT = "trap 'exit 0' TERM; while true; do sleep 1; done"
+
+
+def _dra_args(node: RealNode) -> list[str]:
+    return ["--load-pct", "0", "--model", "Tesla T4", "--dra",
+            "--kubelet-registry-dir", str(node.kubelet_dir / "plugins_registry"),
+            "--cdi-dir", str(_cdi(node))]  # fmt: skip
+
+
+def _cdi(node: RealNode) -> Path:
+    return node.root / "cdi"
+
+
+@pytest.fixture
+def dra_node(cluster: Cluster) -> Iterator[tuple[RealNode, Agent]]:
+    """real-1, its agent serving the DRA plugin (not the device plugin) for the case."""
+    name = REAL_NODES[1][0]
+    node, agent = cluster.real[name], cluster.agents[name]
+    plain = (agent.scenario, agent.extra_args)
+    _restart(agent, "steady", _dra_args(node))
+    try:
+        yield node, agent
+    finally:
+        _restart(agent, *plain)
+        until(f"{name}'s slice gone once its agent serves no DRA plugin",
+              lambda: _slice(cluster, name) is None, 90.0)  # fmt: skip
+
+
+def _restart(agent: Agent, scenario: str, extra_args: list[str]) -> None:
+    agent.stop()
+    agent.scenario, agent.extra_args = scenario, extra_args
+    agent.start()
+
+
+def _slice(cluster: Cluster, node: str) -> dict[str, Any] | None:
+    return cluster.cp.get(f"/apis/resource.k8s.io/v1/resourceslices/{node}-{DRIVER}")
+
+
+def _devices(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for d in doc["spec"]["devices"]}
+
+
+def _claim_pod(cluster: Cluster, ns: str, name: str, node: str) -> dict[str, Any]:
+    """A pod whose one container takes a whole GPU of ours through a claim template."""
+    pod = cluster.pod(name, ns, node_selector={"kubernetes.io/hostname": node})
+    pod = real_pod(pod, WAIT)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "whole-gpu"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def _template(cluster: Cluster, ns: str) -> None:
+    doc = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+           "metadata": {"name": "whole-gpu", "namespace": ns},
+           "spec": {"spec": {"devices": {"requests": [
+               {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}}  # fmt: skip
+    resp = cluster.cp.request(
+        "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", json=doc
+    )
+    assert resp.status_code == 201, resp.text
+
+
+def _allocated(cluster: Cluster, ns: str, pod: str) -> tuple[str, dict[str, Any]] | None:
+    """The device of ours the pod's claim was allocated, and the claim; None before."""
+    doc = cluster.get_pod(ns, pod) or {}
+    statuses = (doc.get("status") or {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim = cluster.cp.get(
+        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+        f"{statuses[0]['resourceClaimName']}"
+    )
+    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {})
+    ours = [r for r in results.get("results") or [] if r["driver"] == DRIVER]
+    return (ours[0]["device"], claim) if ours and claim else None
+
+
+def _running(cluster: Cluster, ns: str, name: str) -> bool:
+    return ((cluster.get_pod(ns, name) or {}).get("status") or {}).get("phase") == "Running"
+
+
+def test_a_claim_gets_a_gpu_of_the_slice_the_leader_publishes_and_the_real_kubelet_prepares_it(
+    cluster: Cluster, ns: str, dra_node: tuple[RealNode, Agent], say: Callable[[str], None]
+) -> None:
+    node, _ = dra_node
+    t0 = time.monotonic()
+    published = until(f"{node.name}'s ResourceSlice, once kubelet took the DRA plugin",
+                      lambda: _slice(cluster, node.name), 90.0)  # fmt: skip
+    registered = time.monotonic() - t0
+    view = cluster.extenders[0].get(f"/debug/nodes/{node.name}")
+    uuids = {f"gpu-{g['index']}": g["uuid"] for g in view["gpus"]}
+    devices = _devices(published)
+    assert {n: d["attributes"]["uuid"]["string"] for n, d in devices.items()} == uuids
+    assert published["spec"]["nodeName"] == node.name
+    # A Tesla T4's 15 GiB in whole 4 GiB blocks.
+    assert all(d["capacity"]["memory"]["value"] == "12Gi" for d in devices.values()), devices
+    owner = published["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", node.name)
+
+    _template(cluster, ns)
+    t1 = time.monotonic()
+    cluster.create(_claim_pod(cluster, ns, "whole", node.name))
+    until("the claim pod Running on the real node", lambda: _running(cluster, ns, "whole"), 120.0)
+    running = time.monotonic() - t1
+    device, claim = until("its claim allocated", lambda: _allocated(cluster, ns, "whole"), 10.0)
+    spec_file = _cdi(node) / f"edgegpu.io-gpu_{claim['metadata']['uid']}.json"
+    spec = json.loads(spec_file.read_text())
+    (cdi,) = spec["devices"]
+    assert f"NVIDIA_VISIBLE_DEVICES={uuids[device]}" in cdi["containerEdits"]["env"], spec
+
+    # Samples go on arriving; the slice is written again only when what it says changes.
+    version = published["metadata"]["resourceVersion"]
+    time.sleep(4.0)
+    doc = _slice(cluster, node.name)
+    assert doc is not None and doc["metadata"]["resourceVersion"] == version
+
+    cluster.cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods/whole")
+    until("the claim unprepared: its CDI spec removed", lambda: not spec_file.exists(), 90.0)
+    say(f"DRA on a real node: slice published {registered:.1f} s after the agent's start, a "
+        f"claim pod Running {running:.1f} s after its creation on {device}")  # fmt: skip
+
+
+def test_a_hot_gpu_is_tainted_and_the_scheduler_gives_the_next_claim_another_one(
+    cluster: Cluster, ns: str, dra_node: tuple[RealNode, Agent], say: Callable[[str], None]
+) -> None:
+    node, agent = dra_node
+    until(f"{node.name}'s ResourceSlice", lambda: _slice(cluster, node.name), 90.0)
+    _restart(agent, "overheat", _dra_args(node))  # GPU 0 heats past maxTemp
+    t0 = time.monotonic()
+
+    def tainted() -> bool:
+        doc = _slice(cluster, node.name)
+        taints = _devices(doc)["gpu-0"].get("taints") or [] if doc else []
+        return any(t["key"] == f"{DRIVER}/hot" and t["effect"] == "NoSchedule" for t in taints)
+
+    until("gpu-0's device tainted hot", tainted, 120.0)
+    tainted_s = time.monotonic() - t0
+    _template(cluster, ns)
+    cluster.create(_claim_pod(cluster, ns, "first", node.name))
+    until("the first claim pod Running", lambda: _running(cluster, ns, "first"), 120.0)
+    device, _ = until("its claim allocated", lambda: _allocated(cluster, ns, "first"), 10.0)
+    assert device == "gpu-1", device
+    # Only the hot GPU is left: the next claim is not allocated it.
+    cluster.create(_claim_pod(cluster, ns, "second", node.name))
+
+    def unschedulable() -> bool:
+        doc = cluster.get_pod(ns, "second") or {}
+        conditions = (doc.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in conditions)  # fmt: skip
+
+    until("the second claim pod unschedulable while gpu-0 is hot", unschedulable, 60.0)
+    assert _allocated(cluster, ns, "second") is None
+    assert not (cluster.get_pod(ns, "second") or {}).get("spec", {}).get("nodeName")
+    say(
+        f"DRA taints: gpu-0 tainted hot {tainted_s:.1f} s after the overheating agent's start; "
+        "the next claim got gpu-1, the one after stayed unschedulable"
+    )
+
+
+def test_an_xid_gpu_is_tainted_and_the_fault_loop_drains_the_claim_pod_on_it(
+    cluster: Cluster, ns: str, dra_node: tuple[RealNode, Agent], say: Callable[[str], None]
+) -> None:
+    node, agent = dra_node
+    until(f"{node.name}'s ResourceSlice", lambda: _slice(cluster, node.name), 90.0)
+    _template(cluster, ns)
+    for name in ("one", "two"):
+        cluster.create(_claim_pod(cluster, ns, name, node.name))
+    until("both claim pods Running",
+          lambda: all(_running(cluster, ns, n) for n in ("one", "two")), 120.0)  # fmt: skip
+    on = {until(f"{n}'s claim", lambda n=n: _allocated(cluster, ns, n), 10.0)[0]: n
+          for n in ("one", "two")}  # fmt: skip
+    assert set(on) == {"gpu-0", "gpu-1"}, on
+
+    def reserved() -> dict[str, list[int]] | None:
+        view = cluster.extenders[0].get(f"/debug/nodes/{node.name}")
+        rows = {r["pod"]: r["gpus"] for r in view["reservations"]}
+        return rows if len(rows) == 2 else None
+
+    # The extender reads each claim pod's GPU from its claim, as it reads a bind's annotation.
+    rows = until("the extender holding both claim pods' GPUs", reserved, 30.0)
+    assert rows == {f"{ns}/{on['gpu-0']}": [0], f"{ns}/{on['gpu-1']}": [1]}, rows
+
+    patch_policy(cluster, {"remediation": {"enabled": True, "dryRun": False,
+                                            "maxUnavailablePercent": 50}})  # fmt: skip
+    try:
+        until("remediation on in every replica", lambda: _policy_in_force(cluster, True), 30.0)
+        _restart(agent, "xid-79", _dra_args(node))  # GPU 0 raises XID 79 until a self-test
+        t0 = time.monotonic()
+        marks: dict[str, float] = {}
+
+        def drained() -> bool:
+            doc = _slice(cluster, node.name)
+            taints = (_devices(doc)["gpu-0"].get("taints") or []) if doc else []
+            if any(t["key"] == f"{DRIVER}/unhealthy" and t.get("value") == "xid-79"
+                   for t in taints):  # fmt: skip
+                marks.setdefault("tainted", time.monotonic() - t0)
+            if cluster.get_pod(ns, on["gpu-0"]) is None:
+                marks.setdefault("evicted", time.monotonic() - t0)
+            return {"tainted", "evicted"} <= set(marks)
+
+        until("gpu-0 tainted unhealthy and its claim pod evicted", drained, 180.0)
+        kept = cluster.get_pod(ns, on["gpu-1"])
+        assert kept is not None and not kept["metadata"].get("deletionTimestamp"), (
+            "the claim pod on the healthy GPU was evicted"
+        )
+
+        def handed_back() -> bool:
+            doc = cluster.cp.get(f"/api/v1/nodes/{node.name}") or {}
+            notes = doc["metadata"].get("annotations") or {}
+            return not doc["spec"].get("unschedulable") and "edgegpu.io/remediation" not in notes
+
+        until(f"{node.name} uncordoned after its self-test passed", handed_back, 180.0)
+        say(f"DRA fault loop (seconds from the faulty agent's start): gpu-0 tainted "
+            f"{marks['tainted']:.1f}, its claim pod evicted {marks['evicted']:.1f}")  # fmt: skip
+    finally:
+        patch_policy(cluster, {"remediation": {"enabled": False, "dryRun": True,
+                                                "maxUnavailablePercent": 10}})  # fmt: skip

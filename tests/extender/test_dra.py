@@ -1,0 +1,225 @@
+"""The DRA driver's view from the extender: the slice each node's reports ask for, the claims on
+our devices, and what a node's agent is told of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_extender.k8s.dra import DraView, claim_of, mib_of
+from scheduler_extender.k8s.sync import assignment_from_claims
+from scheduler_extender.remediation.slices import _essence, desired_spec, quantity, slice_name
+from tests.builders import gpu, report
+
+
+def registered(node: str, gpus: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    doc = report(node, gpus, **kw)
+    doc["node_health"]["dra_plugin_registered"] = True
+    return doc
+
+
+async def _state(client, clock, *docs):
+    for doc in docs:
+        assert (await client.post("/v1/telemetry", json=doc)).status_code == 200
+
+
+def _devices(app, node):
+    spec = desired_spec(app.state.ctx.state, node)
+    return None if spec is None else {d["name"]: d for d in spec["devices"]}
+
+
+async def test_a_node_gets_a_slice_only_once_kubelet_took_its_agents_dra_plugin(client, app, clock):
+    await _state(client, clock, report("a", [gpu(0)]))
+    assert desired_spec(app.state.ctx.state, "a") is None
+    await _state(client, clock, registered("a", [gpu(0)]))
+    spec = desired_spec(app.state.ctx.state, "a")
+    assert spec["driver"] == "gpu.edgegpu.io" and spec["nodeName"] == "a"
+    assert spec["pool"] == {"name": "a", "resourceSliceCount": 1}
+
+
+async def test_each_gpu_is_a_device_with_its_attributes_and_memory_in_whole_blocks(
+    client, app, clock
+):
+    await _state(client, clock, registered("a", [gpu(0, memory_total_mib=15360.0), gpu(1)]))
+    devices = _devices(app, "a")
+    assert sorted(devices) == ["gpu-0", "gpu-1"]
+    d0 = devices["gpu-0"]
+    assert d0["attributes"]["uuid"] == {"string": "GPU-0000"}
+    assert d0["attributes"]["index"] == {"int": 0}
+    assert d0["attributes"]["model"] == {"string": "Tesla T4"}
+    assert d0["attributes"]["memoryTotalMiB"] == {"int": 15360}
+    # 15360 MiB is three 4096 MiB blocks: a claim gets whole blocks, the rest is never given.
+    memory = d0["capacity"]["memory"]
+    assert memory["value"] == "12Gi"
+    assert memory["requestPolicy"] == {"default": "12Gi",
+                                       "validRange": {"min": "4Gi", "step": "4Gi"}}  # fmt: skip
+    assert d0["allowMultipleAllocations"] is True
+    assert "taints" not in d0
+
+
+async def test_a_hot_gpu_is_tainted_then_cooling_down_then_untainted(client, app, clock):
+    await _state(client, clock, registered("a", [gpu(0, temperature_c=90.0), gpu(1)]))
+    devices = _devices(app, "a")
+    assert devices["gpu-0"]["taints"] == [{"key": "gpu.edgegpu.io/hot", "effect": "NoSchedule"}]
+    assert "taints" not in devices["gpu-1"]
+    clock.advance(10)
+    await _state(client, clock, registered("a", [gpu(0, temperature_c=60.0), gpu(1)]))
+    assert _devices(app, "a")["gpu-0"]["taints"] == [
+        {"key": "gpu.edgegpu.io/cooling-down", "effect": "NoSchedule"}
+    ]
+    clock.advance(301)
+    await _state(client, clock, registered("a", [gpu(0, temperature_c=60.0), gpu(1)]))
+    assert "taints" not in _devices(app, "a")["gpu-0"]
+
+
+async def test_an_unhealthy_gpu_is_tainted_with_its_reason(client, app, clock):
+    sick = gpu(0, health="unhealthy", health_reasons=["xid:79"])
+    await _state(client, clock, registered("a", [sick]))
+    assert _devices(app, "a")["gpu-0"]["taints"] == [
+        {"key": "gpu.edgegpu.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    ]
+
+
+async def test_the_slice_does_not_change_with_the_readings(client, app, clock):
+    await _state(client, clock, registered("a", [gpu(0, temperature_c=50.0, power_w=30.0)]))
+    first = desired_spec(app.state.ctx.state, "a")
+    clock.advance(5)
+    await _state(client, clock, registered("a", [gpu(0, temperature_c=71.0, power_w=64.0,
+                                                     memory_used_mib=9000.0)]))  # fmt: skip
+    assert desired_spec(app.state.ctx.state, "a") == first
+
+
+def test_what_the_api_server_adds_to_a_slice_is_not_a_change():
+    ours = {"driver": "gpu.edgegpu.io", "pool": {"name": "a", "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "taints": [{"key": "k", "effect": "NoSchedule"}]}]}  # fmt: skip
+    stored = {"driver": "gpu.edgegpu.io",
+              "pool": {"name": "a", "resourceSliceCount": 1, "generation": 3},
+              "devices": [{"name": "gpu-0", "taints": [{"key": "k", "effect": "NoSchedule",
+                                                         "timeAdded": "2026-12-07T10:00:00Z"}]}]}  # fmt: skip
+    assert _essence(ours) == _essence(stored)
+    stored["devices"][0]["taints"] = []
+    assert _essence(ours) != _essence(stored)
+
+
+def test_a_slice_name_is_a_valid_object_name_for_any_node_name():
+    assert slice_name("edge-7") == "edge-7-gpu.edgegpu.io"
+    long = slice_name("n" * 253)
+    assert len(long) <= 253 and long.endswith("-gpu.edgegpu.io")
+
+
+def test_quantities_are_written_as_the_api_server_writes_them_back():
+    assert [quantity(m) for m in (12288, 4096, 1536, 2 << 20)] == ["12Gi", "4Gi", "1536Mi", "2Ti"]
+
+
+def test_memory_quantities_read_as_mib():
+    assert mib_of("8Gi") == 8192
+    assert mib_of("4096Mi") == 4096
+    assert mib_of("8589934592") == 8192
+    assert mib_of("1G") == 953
+    assert mib_of("lots") is None
+    assert mib_of("0") is None
+
+
+def _claim(
+    uid: str, results: list[dict[str, Any]], reserved: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ml", "name": f"claim-{uid}"},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": u} for u in reserved],
+        },
+    }
+
+
+def _result(device: str, pool: str = "a", driver: str = "gpu.edgegpu.io", **more: Any):
+    return {"request": "gpu", "driver": driver, "pool": pool, "device": device, **more}
+
+
+def test_a_claim_allocated_our_device_is_kept_with_its_memory_and_share():
+    claim = claim_of(_claim("u1", [_result("gpu-1", shareID="s-1",
+                                           consumedCapacity={"memory": "8Gi"})], ("pod-1",)))  # fmt: skip
+    assert claim is not None
+    assert (claim.node, claim.reserved_for) == ("a", ("pod-1",))
+    (device,) = claim.devices
+    assert (device.device, device.memory_mib, device.share_id) == ("gpu-1", 8192, "s-1")
+
+
+def test_claims_of_other_drivers_or_not_allocated_are_not_ours():
+    assert claim_of(_claim("u1", [_result("gpu-0", driver="gpu.nvidia.com")])) is None
+    assert claim_of({"metadata": {"uid": "u2"}, "status": {}}) is None
+
+
+def test_a_node_is_told_its_claims_with_the_gpu_uuid_its_slice_gives_each_device():
+    view = DraView()
+    view.replace_slices([{
+        "metadata": {"name": "a-gpu.edgegpu.io"},
+        "spec": {"driver": "gpu.edgegpu.io", "nodeName": "a", "devices": [
+            {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}},
+            {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}}}]}}])  # fmt: skip
+    view.replace_claims(
+        [
+            _claim("u1", [_result("gpu-1", consumedCapacity={"memory": "4Gi"})]),
+            _claim("u2", [_result("gpu-0", pool="b")]),
+        ]
+    )
+    assert view.claims_on("a") == [{
+        "uid": "u1", "namespace": "ml", "name": "claim-u1",
+        "devices": [{"request": "gpu", "pool": "a", "device": "gpu-1", "uuid": "GPU-bbbb",
+                     "memory_mib": 4096, "share_id": None}],
+    }]  # fmt: skip
+    # b has no slice of ours: its claim is not listed rather than given a guessed GPU.
+    assert view.claims_on("b") == []
+    view.claim_event("DELETED", _claim("u1", []))
+    assert view.claims_on("a") == []
+
+
+async def test_the_claims_route_is_not_served_without_dra(client):
+    resp = await client.get("/v1/nodes/a/claims")
+    assert resp.status_code == 404
+    assert "without DRA" in resp.json()["error"]
+
+
+def _view_with(node: str, claims: list[dict[str, Any]]) -> DraView:
+    view = DraView()
+    device = {"capacity": {"memory": {"value": "12Gi"}}}
+    view.replace_slices([{
+        "metadata": {"name": f"{node}-gpu.edgegpu.io"},
+        "spec": {"driver": "gpu.edgegpu.io", "nodeName": node, "devices": [
+            {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}, **device},
+            {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}}, **device}]}}])  # fmt: skip
+    view.replace_claims(claims)
+    return view
+
+
+def _claim_pod(claim: str, node: str = "a", phase: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"uid": "pod-1", "namespace": "ml", "name": "p",
+                         "annotations": {"edgegpu.io/qos": "training"}},
+            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu",
+                     "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": phase,
+                       "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}}  # fmt: skip
+
+
+def test_a_pod_holding_a_whole_gpu_through_its_claim_is_an_assignment_of_that_gpu(app):
+    state = app.state.ctx.state
+    view = _view_with("a", [_claim("u1", [_result("gpu-1", consumedCapacity={"memory": "12Gi"})])])
+    found = assignment_from_claims(_claim_pod("claim-u1"), view, state)
+    assert found is not None
+    assert (found.node, found.gpu_indices, found.gpu_uuids) == ("a", (1,), ("GPU-bbbb",))
+    assert (found.whole, found.mem_blocks, found.qos.name) == (True, 0, "TRAINING")
+
+
+def test_a_claim_of_part_of_a_gpus_memory_holds_that_many_blocks(app):
+    state = app.state.ctx.state
+    view = _view_with("a", [_claim("u1", [_result("gpu-0", consumedCapacity={"memory": "8Gi"})])])
+    found = assignment_from_claims(_claim_pod("claim-u1"), view, state)
+    assert found is not None and (found.whole, found.mem_blocks) == (False, 2)
+
+
+def test_a_finished_pod_or_a_claim_of_another_node_holds_nothing(app):
+    state = app.state.ctx.state
+    view = _view_with("a", [_claim("u1", [_result("gpu-0", pool="b")])])
+    assert assignment_from_claims(_claim_pod("claim-u1"), view, state) is None
+    view = _view_with("a", [_claim("u1", [_result("gpu-0")])])
+    assert assignment_from_claims(_claim_pod("claim-u1", phase="Succeeded"), view, state) is None
+    assert assignment_from_claims(_claim_pod("claim-u9"), view, state) is None
