@@ -78,7 +78,7 @@ chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
 	$(VENV)/bin/python -m tools.chart
 
 proto: $(STAMP) ## regenerate the kubelet plugins' gRPC modules from node_agent/{deviceplugin,dra}/*.proto
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto node_agent/deviceplugin/podresources.proto node_agent/dra/dra.proto node_agent/dra/registration.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node_agent/deviceplugin/api.proto node_agent/deviceplugin/podresources.proto node_agent/dra/dra.proto node_agent/dra/registration.proto node_agent/dra/health.proto
 
 generate: $(STAMP) ## regenerate the GPU reading fields of the telemetry structs from scheduler_extender/telemetry/fields.py
 	$(PY) -m tools.gen_fields

@@ -86,7 +86,9 @@ def node_status() -> dict[str, Any]:
     return {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
 
 
-def report_template(i: int, interval_s: float = INTERVAL_S) -> tuple[bytes, bytes]:
+def report_template(
+    i: int, interval_s: float = INTERVAL_S, dra: bool = False
+) -> tuple[bytes, bytes]:
     """Node i's telemetry as the bytes before and after its ``seq`` (idle, cool, healthy GPUs
     with a little memory in use, as an edge node between bursts)."""
     rng = random.Random(i)
@@ -113,19 +115,41 @@ def report_template(i: int, interval_s: float = INTERVAL_S) -> tuple[bytes, byte
         "sampled_at": "2026-12-05T00:00:00Z",
         "interval_s": interval_s,
         "labels": {},
-        "node_health": {"driver_ok": True, "device_nodes_ok": True},
+        "node_health": {
+            "driver_ok": True,
+            "device_nodes_ok": True,
+            **({"dra_plugin_registered": True} if dra else {}),
+        },
         "gpus": gpus,
     }
     head, tail = orjson.dumps(doc).split(b'"seq":7', 1)
     return head + b'"seq":', tail
 
 
-def pod_object(name: str, k: int, scheduler: str) -> dict[str, Any]:
+def claim_object(name: str, k: int) -> dict[str, Any]:
+    """Pod k's ResourceClaim: one block's memory of a GPU of ours, or a whole GPU (every tenth),
+    as the device-plugin arms' pods ask."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.edgegpu.io"}
+    if k % 10 != 9:
+        exactly["capacity"] = {"requests": {"memory": "4Gi"}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}  # fmt: skip
+
+
+def pod_object(name: str, k: int, scheduler: str, claim: bool = False) -> dict[str, Any]:
     """Pod k of a burst: 90 % one block (inference, or best-effort every fifth), 10 % one whole
-    GPU (training)."""
+    GPU (training); with ``claim``, the same through its ResourceClaim of the same name."""
     whole = k % 10 == 9
     limits = {"nvidia.com/gpu": "1"} if whole else {"edgegpu.io/gpu-mem-block": "1"}
     qos = "training" if whole else ("best-effort" if k % 5 == 4 else "inference")
+    if claim:
+        pod = pod_object(name, k, scheduler)
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        resources = pod["spec"]["containers"][0]["resources"]
+        resources.pop("limits")
+        resources["claims"] = [{"name": "gpu"}]
+        return pod
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -168,6 +192,8 @@ class Pusher:
     stats: PushStats = field(default_factory=PushStats)
     tls: ssl.SSLContext | None = None
     """The extender's CA, as the agents verify it (its Service's name in the certificate)."""
+    dra: bool = False
+    """Each report says kubelet took the node's DRA plugin (the leader publishes its slice)."""
     _templates: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -180,7 +206,8 @@ class Pusher:
 
     async def run(self, stop: asyncio.Event, drain_s: float = 0.0) -> None:
         """Push until ``stop`` is set; then wait up to ``drain_s`` for the pushes due to go."""
-        self._templates = [report_template(i, self.interval_s) for i in range(self.nodes)]
+        self._templates = [report_template(i, self.interval_s, self.dra)
+                           for i in range(self.nodes)]  # fmt: skip
         queue: asyncio.Queue[tuple[int, int, float]] = asyncio.Queue()
         workers = [asyncio.create_task(self._worker(queue)) for _ in range(self.connections)]
         loop = asyncio.get_running_loop()
@@ -269,8 +296,13 @@ async def watch_binds(client: httpx.AsyncClient, ns: str, burst: Burst, rv: str)
                     burst.annotations[meta["name"]] = meta.get("annotations") or {}
 
 
-async def run_burst(cp: ControlPlane, ns: str, pods: int, scheduler: str) -> Burst:
-    """Create ``pods`` pods in ``ns`` as fast as the API server takes them; wait for binds."""
+async def run_burst(
+    cp: ControlPlane, ns: str, pods: int, scheduler: str, claims: bool = False
+) -> Burst:
+    """Create ``pods`` pods in ``ns`` as fast as the API server takes them; wait for binds.
+
+    With ``claims``, each pod's ResourceClaim is created right before it (counted in its time).
+    """
     burst = Burst()
     ctx = ssl.create_default_context(cafile=str(cp.ca))
     headers = {"authorization": f"Bearer {cp.admin_token}"}
@@ -288,8 +320,15 @@ async def run_burst(cp: ControlPlane, ns: str, pods: int, scheduler: str) -> Bur
             for k in names:
                 name = f"p-{k:05d}"
                 burst.created[name] = time.monotonic()  # from when the client asks
+                if claims:
+                    resp = await client.post(
+                        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                        json=claim_object(name, k),
+                    )
+                    if resp.status_code != 201:
+                        raise RuntimeError(f"claim {name}: {resp.status_code} {resp.text[:200]}")
                 resp = await client.post(
-                    f"/api/v1/namespaces/{ns}/pods", json=pod_object(name, k, scheduler)
+                    f"/api/v1/namespaces/{ns}/pods", json=pod_object(name, k, scheduler, claims)
                 )
                 if resp.status_code != 201:
                     raise RuntimeError(f"create {name}: {resp.status_code} {resp.text[:200]}")
@@ -481,8 +520,12 @@ async def bench_nodes(
     folder: Path,
     floor: bool = False,
     every_node: bool = False,
+    dra: bool = False,
 ) -> dict[str, Any]:
     """The arms, interleaved, on one control plane with ``count`` Nodes.
+
+    With ``dra``, another: the same pods through ResourceClaims of the DRA driver, allocated by
+    the plain kube-scheduler from the slices the extender publishes (one per node).
 
     With ``floor``, another: the project's scheduler configuration calling the least any
     extender must do (``benchmarks.floor``: every node passes, every score 0) for filter and
@@ -499,6 +542,9 @@ async def bench_nodes(
         await create_nodes(cp, [(node_object(i), status) for i in range(count)])
         log(f"[{count}] Nodes created in {time.monotonic() - started:.0f} s; installing edgegpu")
         install(cp, rollouts=False)
+        if dra:
+            cp.kubectl("apply", "-f", "overlays/dra/deviceclass.yaml",
+                       "-f", "overlays/dra/rbac.yaml")  # fmt: skip
         token = secrets.token_hex(16)
         token_file = folder / "agent-tokens"
         token_file.write_text(f"{token} *\n")
@@ -507,8 +553,10 @@ async def bench_nodes(
         if every_node:
             served = ["edgegpu-scheduler", "edgegpu-every-node-scheduler"]
             ext.extra_env["EDGEGPU_SCHEDULER_NAMES"] = json.dumps(served)
+        if dra:
+            ext.extra_env["EDGEGPU_DRA"] = "true"
         ext.start()
-        pusher = Pusher(ext.port, token, count, tls=ext.context())
+        pusher = Pusher(ext.port, token, count, tls=ext.context(), dra=dra)
         stop = asyncio.Event()
         pushing = asyncio.create_task(pusher.run(stop))
         sched = schedule_with(cp, ext.url, "edgegpu-scheduler")
@@ -535,6 +583,19 @@ async def bench_nodes(
 
         await asyncio.to_thread(wait_until, "every node's first push", all_reported,
                                 INTERVAL_S * 4 + 60, 1.0)  # fmt: skip
+        if dra:
+            arm_names.append("claims")
+            started = time.monotonic()
+
+            def published() -> bool:
+                doc = cp.get("/apis/resource.k8s.io/v1/resourceslices?limit=1") or {}
+                left = (doc.get("metadata") or {}).get("remainingItemCount") or 0
+                return len(doc.get("items") or []) + int(left) >= count
+
+            await asyncio.to_thread(wait_until, "every node's ResourceSlice", published,
+                                    300.0, 1.0)  # fmt: skip
+            log(f"[{count}] {count} ResourceSlices published in "
+                f"{time.monotonic() - started:.0f} s")  # fmt: skip
         log(f"[{count}] {pusher.stats.answered} pushes answered; bursts of {pods} pods")
         arms: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arm_names}
         assert ext.process is not None
@@ -543,12 +604,12 @@ async def bench_nodes(
         for r in range(rounds):
             for arm in arm_names:
                 scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
-                             "floor": "floor-scheduler",
+                             "floor": "floor-scheduler", "claims": "default-scheduler",
                              "every_node": "edgegpu-every-node-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
                 counts_before = extender_counts(ext)
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
-                    burst = await run_burst(cp, ns, pods, scheduler)
+                    burst = await run_burst(cp, ns, pods, scheduler, claims=arm == "claims")
                     result = summary(burst, pods) | placement(burst)
                     rss_peak = max(rss_peak, round(rss_mib(pid), 1))
                 counts = extender_counts(ext)
@@ -605,7 +666,7 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
     out["pushes_during_bursts"] = {
         k: sum(r["pushes"][k] for r in ours_runs) for k in ours_runs[0]["pushes"]
     }
-    for extra in ("floor", "every_node"):
+    for extra in ("floor", "every_node", "claims"):
         if extra in arms:
             out[extra] = {
                 key: round(statistics.median(r[key] for r in arms[extra]), 1)
@@ -629,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "e2e.json")
     p.add_argument("--floor", action="store_true",
                    help="another arm: the extender protocol's own cost (benchmarks.floor)")  # fmt: skip
+    p.add_argument("--dra", action="store_true",
+                   help="another arm: the same pods through ResourceClaims (the DRA driver)")  # fmt: skip
     p.add_argument("--every-node", action="store_true",
                    help="another arm: every feasible node sent (percentageOfNodesToScore 100)")  # fmt: skip
     args = p.parse_args(argv)
@@ -655,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(tmp),
                     floor=args.floor,
                     every_node=args.every_node,
+                    dra=args.dra,
                 )
             )
         doc["versions"] = result.pop("versions")
@@ -670,6 +734,11 @@ def main(argv: list[str] | None = None) -> int:
             f"placement {c['placement']}",
             flush=True,
         )
+        if "claims" in c:
+            print(f"{count:>5} nodes, claims (DRA, the plain kube-scheduler allocating): pods/s "
+                  f"{c['claims']['pods_per_s']}, create->bound p50 {c['claims']['bind_p50_ms']} "
+                  f"p99 {c['claims']['bind_p99_ms']} ms, unbound "
+                  f"{sum(r['unbound'] for r in c['rounds']['claims'])}", flush=True)  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"written to {args.json}")

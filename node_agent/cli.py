@@ -29,6 +29,7 @@ from node_agent.deviceplugin.plugin import RESOURCE, SETTLE_S, BlockPlugin
 from node_agent.deviceplugin.podresources import holders, pod_devices
 from node_agent.deviceplugin.server import DevicePluginServer
 from node_agent.deviceplugin.state import StateFile
+from node_agent.dra.health import DeviceHealth
 from node_agent.dra.plugin import DraPlugin
 from node_agent.dra.server import DraServer
 from node_agent.errors import BackendUnavailable
@@ -210,8 +211,10 @@ async def _run(
                     pusher.claims(settings.node_name) if pusher is not None else _no_claims,
                     settings.cdi_dir,
                     agent.blocks.device_nodes_of,
+                    agent.blocks.gpu_uuids,
                 ),
                 settings.kubelet_registry_dir,
+                health=DeviceHealth(settings.node_name, agent.blocks.device_health),
             )
             server_now = dra_server
             agent.reporter.dra_registered = lambda: server_now.registered

@@ -79,8 +79,8 @@ class AgentSettings(BaseSettings):
     )
     dra: bool = Field(
         False,
-        description="Serve kubelet's DRA plugin for the driver gpu.edgegpu.io (Kubernetes 1.34 "
-        "or later): the extender publishes this node's GPUs as ResourceSlices once kubelet "
+        description="Serve kubelet's DRA plugin for the driver gpu.edgegpu.io (Kubernetes 1.36; "
+        "docs/dra.md): the extender publishes this node's GPUs as ResourceSlices once kubelet "
         "has taken the plugin, and each prepared claim gets a CDI spec.",
     )
     kubelet_registry_dir: Path = Field(

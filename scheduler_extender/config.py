@@ -100,7 +100,7 @@ class ExtenderSettings(BaseSettings):
     namespace: str = Field("edgegpu-system", description="Namespace of the extender's Lease.")
     dra: bool = Field(
         False,
-        description="Act as the DRA driver gpu.edgegpu.io (Kubernetes 1.34 or later): publish "
+        description="Act as the DRA driver gpu.edgegpu.io (Kubernetes 1.36; docs/dra.md): publish "
         "each node's GPUs as a ResourceSlice (leader), with heat and faults as device taints, "
         "and list each node's allocated claims to its agent.",
     )

@@ -1,8 +1,10 @@
 """Every name edgegpu defines on pods and nodes (DESIGN.md §4), in one place.
 
-Imports nothing: the policy, the wire layer and the agent all read these constants.
+Imports the standard library only: the policy, the wire layer and the agent all read these.
 """
 
+import hashlib
+import re
 from typing import Final
 
 PREFIX: Final = "edgegpu.io/"
@@ -65,3 +67,17 @@ DRA_UNHEALTHY_TAINT: Final = "gpu.edgegpu.io/unhealthy"
 """Device taint (NoSchedule) of a GPU its agent reports unhealthy; the value is the reason."""
 DRA_MEMORY_CAPACITY: Final = "memory"
 """The devices' consumable capacity: memory, in whole memory blocks."""
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def dra_device_name(uuid: str) -> str:
+    """A GPU's DRA device name: its uuid in lower case where that is a DNS label (``gpu-8f3c…``).
+
+    Else a hash of it: the same GPU, the same name, whatever its index (the extender's slices
+    and the agent's health reports name it alike).
+    """
+    name = uuid.lower()
+    if _DNS_LABEL.fullmatch(name):
+        return name if name.startswith("gpu-") else f"gpu-{name}"[:63].rstrip("-")
+    return f"gpu-{hashlib.sha256(uuid.encode()).hexdigest()[:16]}"

@@ -178,7 +178,7 @@ _COMMENTS = {
     "\n# ConfigMap edgegpu-ca to be there.",
     "prometheusNamespace:": "# The namespace whose Prometheus pods the NetworkPolicy lets "
     "reach the extender.",
-    "dra:": "# enabled: true makes edgegpu a DRA driver (Kubernetes 1.34 or later; docs/dra.md): "
+    "dra:": "# enabled: true makes edgegpu a DRA driver (Kubernetes 1.36; docs/dra.md): "
     "the\n# DeviceClass gpu.edgegpu.io, ResourceSlices from the extender, kubelet's DRA plugin "
     "in the\n# agents in place of the device plugin.",
     "monitoring:": "# enabled: true adds the Prometheus Operator's objects (PodMonitors for the "
@@ -489,6 +489,8 @@ def files() -> dict[str, str]:
             + (ROOT / "overlays" / "dra" / "rbac.yaml")
             .read_text()
             .replace(NAMESPACE, "{{ .Release.Namespace }}")
+            + "---\n"
+            + (ROOT / "overlays" / "dra" / "admission.yaml").read_text()
             + "{{- end }}\n"
         ),
         "templates/tls-cert-manager.yaml": (

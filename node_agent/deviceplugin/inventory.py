@@ -38,6 +38,8 @@ class BlockInventory:
         """Which pods held which GPU's blocks at the last round; None when not known."""
         self.lend: dict[str, int] = {}
         """Idle blocks each GPU lends to best-effort pods, as the extenders last said."""
+        self.health: dict[str, tuple[bool, str]] = {}
+        """By GPU uuid, as last sampled: healthy, or why not (the DRA plugin streams it)."""
         self.sys_root = Path("/sys")
         """Where sysfs is (the device plugin finds AMD and Intel GPUs' device nodes there)."""
         self.state = state
@@ -57,8 +59,19 @@ class BlockInventory:
     async def advertise(self, snap: Snapshot, healths: Mapping[int, GpuHealth]) -> None:
         """Tell the device plugin (where it runs) the GPUs of this sample."""
         gpus = self._gpus(snap, healths)  # also finds AMD and Intel GPUs' device nodes
+        self.health = {self._uuid_at.get(r.index, r.uuid) if r.lost else r.uuid:
+                       (False, "lost") if r.lost else _level(healths.get(r.index))
+                       for r in snap.readings}  # fmt: skip
         if self.plugin is not None:
             await self.plugin.update(gpus)
+
+    def gpu_uuids(self) -> set[str]:
+        """The uuids of this node's GPUs, as sampled."""
+        return set(self._uuid_at.values())
+
+    def device_health(self) -> dict[str, tuple[bool, str]]:
+        """By GPU uuid, as last sampled: whether it is healthy and why not."""
+        return dict(self.health)
 
     def device_nodes_of(self, uuid: str) -> tuple[str, ...]:
         """An AMD or Intel GPU's device nodes as last found; empty for NVIDIA or unknown."""
@@ -127,3 +140,9 @@ class BlockInventory:
         if self.state is not None and block_mib != self._kept_block_mib:
             self.state.save_block_mib(block_mib)  # tried once per size: a failure is logged
             self._kept_block_mib = block_mib
+
+
+def _level(health: GpuHealth | None) -> tuple[bool, str]:
+    if health is None or health.level != "unhealthy":
+        return True, ""
+    return False, ", ".join(health.reasons) or "unhealthy"

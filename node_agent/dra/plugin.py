@@ -68,11 +68,17 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
         lookup: ClaimLookup,
         cdi_dir: Path,
         device_nodes: Callable[[str], tuple[str, ...]] = lambda _uuid: (),
+        gpus: Callable[[], set[str]] | None = None,
     ) -> None:
-        """``device_nodes(uuid)``: an AMD or Intel GPU's device nodes; empty for NVIDIA."""
+        """``device_nodes(uuid)``: an AMD or Intel GPU's device nodes; empty for NVIDIA.
+
+        ``gpus()``: the uuids of this node's GPUs; a claim naming another is not prepared (None:
+        not checked).
+        """
         self._lookup = lookup
         self.cdi_dir = cdi_dir
         self._device_nodes = device_nodes
+        self._gpus = gpus
         self.prepared = 0
 
     def spec_path(self, uid: str) -> Path:
@@ -102,20 +108,28 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             if not found.devices:
                 answer.error = f"{where}: allocated no device of {DRIVER}"
                 continue
+            mine = self._gpus() if self._gpus is not None else None
+            foreign = [d.gpu_uuid for d in found.devices
+                       if mine is not None and d.gpu_uuid not in mine]  # fmt: skip
+            if foreign:
+                answer.error = f"{where}: allocated {', '.join(foreign)}, no GPU of this node"
+                continue
             try:
-                cdi_id = self._write_spec(found)
+                ids = self._write_spec(found)
             except OSError as exc:
                 answer.error = f"{where}: its CDI spec could not be written: {exc}"
                 continue
-            for i, d in enumerate(found.devices):
+            for d in found.devices:
+                asked = _request(d.request)
+                first = ids.pop(asked, None)
                 answer.devices.append(
                     dra_pb2.Device(
-                        request_names=[d.request],
+                        request_names=[asked],
                         pool_name=d.pool,
                         device_name=d.device,
-                        # One CDI device carries the claim's every GPU (one variable names
-                        # them all); naming it once is enough.
-                        cdi_device_ids=[cdi_id] if i == 0 else [],
+                        # One CDI device per request carries its every GPU (one variable names
+                        # them all): kubelet gives it to the containers that name the request.
+                        cdi_device_ids=[first] if first else [],
                         **({"share_id": d.share_id} if d.share_id else {}),
                     )
                 )
@@ -143,23 +157,21 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
         return out
 
-    def _write_spec(self, claim: AllocatedClaim) -> str:
-        """Write the claim's CDI spec (atomically); returns its CDI device id."""
-        uuids = [d.gpu_uuid for d in claim.devices]
-        env = {"EDGEGPU_GPU_UUID": ",".join(uuids)}
-        nodes: list[str] = []
-        for uuid in uuids:
-            nodes += [n for n in self._device_nodes(uuid) if n not in nodes]
-        if not nodes:
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-        limits = [d.memory_mib for d in claim.devices]
-        if all(m is not None for m in limits):
-            env["EDGEGPU_MEM_LIMIT_MIB"] = ",".join(str(m) for m in limits)
-        edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(env.items())]}
-        if nodes:
-            edits["deviceNodes"] = [{"path": n} for n in nodes]
-        spec = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-                "devices": [{"name": claim.uid, "containerEdits": edits}]}  # fmt: skip
+    def _write_spec(self, claim: AllocatedClaim) -> dict[str, str]:
+        """Write the claim's CDI spec (atomically): one CDI device per request of the claim.
+
+        Returns each request's CDI device id.
+        """
+        by_request: dict[str, list[ClaimDevice]] = {}
+        for d in claim.devices:
+            by_request.setdefault(_request(d.request), []).append(d)
+        cdi_devices = []
+        ids = {}
+        for request, devices in by_request.items():
+            name = f"{claim.uid}-{request}"
+            cdi_devices.append({"name": name, "containerEdits": self._edits(devices)})
+            ids[request] = f"{CDI_KIND}={name}"
+        spec = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": cdi_devices}
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.cdi_dir, prefix=".tmp-", suffix=".tmp")
         try:
@@ -170,4 +182,32 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return f"{CDI_KIND}={claim.uid}"
+        return ids
+
+    def _edits(self, devices: list[ClaimDevice]) -> dict[str, Any]:
+        """What a container gets for these GPUs: what the device plugin gives.
+
+        The environment, and for AMD and Intel GPUs their device nodes.
+        """
+        uuids = [d.gpu_uuid for d in devices]
+        env = {"EDGEGPU_GPU_UUID": ",".join(uuids)}
+        nodes: list[str] = []
+        for uuid in uuids:
+            nodes += [n for n in self._device_nodes(uuid) if n not in nodes]
+        if not nodes:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+        limits = [d.memory_mib for d in devices]
+        if all(m is not None for m in limits):
+            env["EDGEGPU_MEM_LIMIT_MIB"] = ",".join(str(m) for m in limits)
+        edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(env.items())]}
+        if nodes:
+            edits["deviceNodes"] = [{"path": n} for n in nodes]
+        return edits
+
+
+def _request(name: str) -> str:
+    """A result's request as the pod's containers name it.
+
+    ``gpu/large`` (a subrequest of ``firstAvailable``) is ``gpu``.
+    """
+    return name.split("/", 1)[0]

@@ -18,24 +18,28 @@ from typing import Any
 import grpc
 
 from node_agent.deviceplugin.server import sleep_or_stop
-from node_agent.dra import dra_pb2_grpc, registration_pb2, registration_pb2_grpc
+from node_agent.dra import dra_pb2_grpc, health_pb2_grpc, registration_pb2, registration_pb2_grpc
+from node_agent.dra.health import DeviceHealth
 from node_agent.dra.plugin import DRIVER, DraPlugin
 
 log = logging.getLogger("node_agent.dra")
 
 SERVICE = "v1.DRAPlugin"
 """The service kubelet calls, as it names it in the registration's versions."""
+HEALTH = "v1alpha1.DRAResourceHealth"
+"""The device health service, named the same way."""
 
 
 class _Registration(registration_pb2_grpc.RegistrationServicer):
-    def __init__(self, on_status: Any) -> None:
+    def __init__(self, on_status: Any, services: list[str]) -> None:
         self._on_status = on_status
+        self._services = services
 
     async def GetInfo(
         self, request: registration_pb2.InfoRequest, context: Any
     ) -> registration_pb2.PluginInfo:
         return registration_pb2.PluginInfo(
-            type="DRAPlugin", name=DRIVER, endpoint="", supported_versions=[SERVICE],
+            type="DRAPlugin", name=DRIVER, endpoint="", supported_versions=self._services,
         )  # fmt: skip
 
     async def NotifyRegistrationStatus(
@@ -53,9 +57,12 @@ class DraServer:
         plugin: DraPlugin,
         registry_dir: Path = Path("/var/lib/kubelet/plugins_registry"),
         *,
+        health: DeviceHealth | None = None,
         poll_s: float = 1.0,
     ) -> None:
+        """``health``: the device health service, served on the same socket when given."""
         self.plugin = plugin
+        self.health = health
         self.socket = registry_dir / f"{DRIVER}.sock"
         self.poll_s = poll_s
         self.registered: bool | None = False
@@ -84,8 +91,12 @@ class DraServer:
         server = grpc.aio.server()
         dra_pb2_grpc.add_DRAPluginServicer_to_server(self.plugin, server)  # type: ignore[no-untyped-call]
         registration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
-            _Registration(self._status), server
+            _Registration(self._status, [SERVICE, HEALTH] if self.health else [SERVICE]), server
         )
+        if self.health is not None:
+            health_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+                self.health, server
+            )
         self.socket.unlink(missing_ok=True)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()

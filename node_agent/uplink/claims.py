@@ -34,9 +34,16 @@ async def merged(
     if not found:
         return None
     out: dict[str, AllocatedClaim] = {}
+    disputed: set[str] = set()
     for rows in found:
         for claim in rows:
-            out.setdefault(claim.uid, claim)
+            if out.setdefault(claim.uid, claim) != claim:
+                disputed.add(claim.uid)
+    for uid in disputed:
+        # A replica behind the others may list a claim as it was before it was allocated
+        # again: no GPU is given on a disagreement (kubelet asks again).
+        log.warning("claim %s: the extender replicas list different devices: not prepared", uid)
+        del out[uid]
     return out
 
 
@@ -81,7 +88,7 @@ def _device(d: object) -> ClaimDevice:
     if not (
         all(isinstance(s, str) and s for s in (request, pool, device))
         and isinstance(device, str) and _NAME.fullmatch(device)
-        and isinstance(uuid, str) and _UUID.fullmatch(uuid)
+        and isinstance(uuid, str) and _UUID.fullmatch(uuid) and "," not in uuid
         and (memory is None or (isinstance(memory, int) and not isinstance(memory, bool)
                                 and 0 < memory <= MAX_MEMORY_MIB))
         and (share is None or (isinstance(share, str) and 0 < len(share) <= 64))

@@ -109,7 +109,7 @@ def create_app(
             base_policy=policy,
             on_policy=on_policy,
             on_restart=lambda resource, why: ctx.metrics.watch_restarts.labels(resource, why).inc(),
-            dra=DraView() if settings.dra else None,
+            dra=DraView(state.clock.monotonic) if settings.dra else None,
         )
         sync_now = ctx.sync
         ctx.metrics.policy_refused.set_function(lambda: float(bool(sync_now.policy_errors)))
@@ -139,10 +139,14 @@ def create_app(
             dra=ctx.sync.dra,
         )
         acting = asyncio.create_task(ctx.remediator.run())
+        slices = ctx.remediator.slices
+        publishing = asyncio.create_task(slices.run()) if slices is not None else None
         try:
             yield
         finally:
             acting.cancel()
+            if publishing is not None:
+                publishing.cancel()
             if ctx.elector is not None:
                 await asyncio.to_thread(ctx.elector.stop)
             await asyncio.to_thread(ctx.sync.stop)

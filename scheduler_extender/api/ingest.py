@@ -276,5 +276,10 @@ async def claims(
     if dra is None:
         return _error(404, "this extender runs without DRA (EDGEGPU_DRA)")
     if not (dra.claims_synced and dra.slices_synced):
-        return _error(503, "the claim cache is not synced yet: ask another replica")
+        return _error(
+            503,
+            "the claim cache is not synced yet: ask another replica (if it lasts: "
+            "does the API server serve resource.k8s.io/v1, and may the extender list "
+            "resourceslices and resourceclaims, as overlays/dra/rbac.yaml allows?)",
+        )
     return 200, orjson.dumps({"node": node, "claims": dra.claims_on(node)})

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +67,8 @@ def claim_of(obj: JsonDict) -> Claim | None:
     devices = []
     pools = set()
     for r in results:
-        if not isinstance(r, dict) or r.get("driver") != DRA_DRIVER:
-            continue
+        if not isinstance(r, dict) or r.get("driver") != DRA_DRIVER or r.get("adminAccess"):
+            continue  # admin access (monitoring) holds no GPU
         consumed = (r.get("consumedCapacity") or {}).get(DRA_MEMORY_CAPACITY)
         devices.append(
             ClaimDevice(
@@ -78,8 +80,8 @@ def claim_of(obj: JsonDict) -> Claim | None:
             )
         )
         pools.add(str(r.get("pool", "")))
-    if not devices or len(pools) != 1:
-        return None  # our pools are nodes: a claim of ours spans one
+    if not devices or len(pools) != 1 or _allocated_node(status) != next(iter(pools)):
+        return None  # our pools are nodes: a claim of ours is on one, the one it is usable on
     reserved = tuple(
         str(ref.get("uid", "")) for ref in status.get("reservedFor") or [] if isinstance(ref, dict)
     )
@@ -93,39 +95,101 @@ def claim_of(obj: JsonDict) -> Claim | None:
     )
 
 
-class DraView:
-    """Our ResourceSlices by name and the claims allocated our devices, by uid."""
+def _allocated_node(status: JsonDict) -> str | None:
+    """The node an allocation is usable on (its nodeSelector's ``metadata.name``)."""
+    selector = (status.get("allocation") or {}).get("nodeSelector") or {}
+    terms = selector.get("nodeSelectorTerms") or []
+    if len(terms) != 1:
+        return None
+    for field in terms[0].get("matchFields") or []:
+        values = field.get("values") or []
+        if (field.get("key"), field.get("operator"), len(values)) == ("metadata.name", "In", 1):
+            return str(values[0])
+    return None
 
-    def __init__(self) -> None:
+
+DRA_MANAGED_BY = "edgegpu"
+"""``app.kubernetes.io/managed-by`` of the slices the leader publishes."""
+
+
+def _ours(obj: JsonDict) -> str | None:
+    """The node a slice of ours is for: our driver, our label, its pool named after its node.
+
+    None for any other slice (one a node made for itself under our driver is not taken).
+    """
+    spec = obj.get("spec") or {}
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    node = spec.get("nodeName")
+    if (
+        spec.get("driver") == DRA_DRIVER
+        and labels.get("app.kubernetes.io/managed-by") == DRA_MANAGED_BY
+        and node
+        and (spec.get("pool") or {}).get("name") == node
+    ):
+        return str(node)
+    return None
+
+
+class DraView:
+    """Our ResourceSlices by node and the claims allocated our devices, by uid."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        """``now``: the clock the deletions of slices are timed on (the telemetry store's)."""
+        self._now = now
         self.slices: dict[str, JsonDict] = {}
+        """Our slices by name."""
+        self._by_node: dict[str, str] = {}
+        """The name of each node's slice of ours."""
         self.slices_synced = False
+        self.deleted_at: dict[str, float] = {}
+        """By node: when its slice of ours was last seen deleted."""
+        self.events = 0
+        """Slice changes applied so far (a write's answer older than one is not stored)."""
         self.claims: dict[str, Claim] = {}
         self.claims_synced = False
+        self._named: dict[tuple[str, str], str] = {}
+        """Claim uids by (namespace, name)."""
 
     # -- slices ---------------------------------------------------------------------------------
     def replace_slices(self, items: list[JsonDict]) -> None:
-        """A relist of our slices."""
-        self.slices = {str(s["metadata"]["name"]): s for s in items if _ours(s)}
+        """A relist of our driver's slices."""
+        before = set(self._by_node)
+        self.slices, self._by_node = {}, {}
+        for s in items:
+            self.slice_event("ADDED", s)
+        for node in before - set(self._by_node):
+            self.deleted_at[node] = self._now()
         self.slices_synced = True
 
     def slice_event(self, kind: str, obj: JsonDict) -> None:
         """One watch event on a slice."""
-        if not _ours(obj):
+        node = _ours(obj)
+        if node is None:
             return
+        self.events += 1
         name = str(obj["metadata"]["name"])
         if kind == "DELETED":
             self.slices.pop(name, None)
-        else:
-            self.slices[name] = obj
+            if self._by_node.get(node) == name:
+                del self._by_node[node]
+                self.deleted_at[node] = self._now()
+            return
+        self.slices[name] = obj
+        self._by_node.setdefault(node, name)
+
+    def of_node(self, node: str) -> JsonDict | None:
+        """The node's slice of ours, if it has one."""
+        name = self._by_node.get(node)
+        return self.slices.get(name) if name is not None else None
+
+    def ours(self) -> dict[str, JsonDict]:
+        """Every slice of ours, by node."""
+        return {node: self.slices[name] for node, name in self._by_node.items()}
 
     def _device(self, node: str, device: str) -> JsonDict | None:
-        for s in self.slices.values():
-            spec = s.get("spec") or {}
-            if spec.get("nodeName") != node:
-                continue
-            for d in spec.get("devices") or []:
-                if d.get("name") == device:
-                    return dict(d)
+        for d in ((self.of_node(node) or {}).get("spec") or {}).get("devices") or []:
+            if d.get("name") == device:
+                return dict(d)
         return None
 
     def gpu_uuid(self, node: str, device: str) -> str | None:
@@ -133,6 +197,12 @@ class DraView:
         d = self._device(node, device) or {}
         uuid = ((d.get("attributes") or {}).get("uuid") or {}).get("string")
         return str(uuid) if uuid else None
+
+    def gpu_index(self, node: str, device: str) -> int | None:
+        """The GPU index our slice of ``node`` gives ``device``; None when not known."""
+        d = self._device(node, device) or {}
+        index = ((d.get("attributes") or {}).get("index") or {}).get("int")
+        return index if isinstance(index, int) and not isinstance(index, bool) else None
 
     def memory_mib(self, node: str, device: str) -> int | None:
         """The memory capacity our slice of ``node`` gives ``device``; None when not known."""
@@ -145,23 +215,24 @@ class DraView:
         """A relist of every ResourceClaim."""
         claims = (claim_of(c) for c in items)
         self.claims = {c.uid: c for c in claims if c is not None}
+        self._named = {(c.namespace, c.name): c.uid for c in self.claims.values()}
         self.claims_synced = True
 
     def claim_event(self, kind: str, obj: JsonDict) -> None:
         """One watch event on a claim."""
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         claim = None if kind == "DELETED" else claim_of(obj)
-        if claim is None:
-            self.claims.pop(uid, None)
-        else:
+        old = self.claims.pop(uid, None)
+        if old is not None:
+            self._named.pop((old.namespace, old.name), None)
+        if claim is not None:
             self.claims[uid] = claim
+            self._named[(claim.namespace, claim.name)] = uid
 
     def claim_named(self, namespace: str, name: str) -> Claim | None:
         """The allocated claim of that name, if it is one of ours."""
-        for c in self.claims.values():
-            if c.namespace == namespace and c.name == name:
-                return c
-        return None
+        uid = self._named.get((namespace, name))
+        return self.claims.get(uid) if uid is not None else None
 
     def claims_of(self, pod: JsonDict) -> list[Claim]:
         """The pod's claims that were allocated devices of ours."""
@@ -196,7 +267,3 @@ class DraView:
                 rows.append({"uid": c.uid, "namespace": c.namespace, "name": c.name,
                              "devices": devices})  # fmt: skip
         return rows
-
-
-def _ours(obj: JsonDict) -> bool:
-    return bool((obj.get("spec") or {}).get("driver") == DRA_DRIVER)

@@ -127,10 +127,10 @@ def assignment_from_claims(pod: JsonDict, dra: DraView, state: ClusterState) -> 
         if claim.node != node:
             continue
         for d in claim.devices:
-            index = d.device.removeprefix("gpu-")
-            if not index.isdigit() or int(index) in indices:
+            index = dra.gpu_index(node, d.device)
+            if index is None or index in indices:
                 continue
-            indices.append(int(index))
+            indices.append(index)
             uuids.append(dra.gpu_uuid(node, d.device) or "")
             capacity = dra.memory_mib(node, d.device)
             if d.memory_mib is None or capacity is None or d.memory_mib >= capacity:
@@ -348,10 +348,19 @@ class ClusterSync:
     def _replace_slices(self, items: list[JsonDict]) -> None:
         assert self.dra is not None
         self.dra.replace_slices(items)
+        self._claim_pods_again(None)
 
     def _slice_event(self, kind: str, obj: JsonDict) -> None:
         assert self.dra is not None
         self.dra.slice_event(kind, obj)
+        self._claim_pods_again(str((obj.get("spec") or {}).get("nodeName") or ""))
+
+    def _claim_pods_again(self, node: str | None) -> None:
+        """The claim pods (of ``node``, or all) read again: their GPUs are named by the slices."""
+        for pod in list(self.pods_by_uid.values()):
+            spec = pod.get("spec") or {}
+            if spec.get("resourceClaims") and (node is None or spec.get("nodeName") == node):
+                self._claims_changed(pod)
 
     def _replace_claims(self, items: list[JsonDict]) -> None:
         assert self.dra is not None

@@ -70,8 +70,11 @@ class Remediator:
         self.faults = FaultLoop(
             state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity,
         )  # fmt: skip
-        self.slices = SlicePublisher(state, self.act, nodes, dra) if dra is not None else None
-        """The DRA driver's ResourceSlices: published whether remediation is on or not."""
+        self.slices = (
+            SlicePublisher(state, self.act, nodes, dra, synced) if dra is not None else None
+        )
+        """The DRA driver's ResourceSlices: published whether remediation is on or not, in a
+        loop of their own (``SlicePublisher.run``), so that no write of theirs delays a fault."""
         self._paused_said = False
 
     @property
@@ -91,13 +94,6 @@ class Remediator:
 
         The records are read back from the annotations whenever leadership is new.
         """
-        if self.slices is not None and self.leading(0.0):
-            try:
-                await self.slices.step()
-            except NotLeading as exc:
-                log.warning("resourceslices: leadership lost before %s", exc)
-            except Exception:
-                log.exception("resourceslices: the round failed; carrying on")
         args = self.state.policy.spec.remediation
         if not args.enabled or not self.leading(0.0) or args.paused:
             self._stand_down()

@@ -4,17 +4,20 @@ The elected leader publishes them from the agents' reports (an edge node holds n
 for the API server, and the cool-down that decides the taints is the policy's, known here). A
 node's slice exists while its agent reports that kubelet accepted its DRA plugin: kubelet
 deletes a node's slices when it starts and when the plugin goes away, and a slice without a
-plugin behind it would send pods to a node that cannot prepare their claims.
+plugin behind it would send pods to a node that cannot prepare their claims. A slice someone
+deleted is made again only from a report received after that, and only a fresh one.
 
-A slice is written only when what it says changes (a GPU added or lost, a taint added or
-removed, the block size), never per sample: a taint has no value that moves with the readings.
-Each write is fenced by leadership and made at the stored resourceVersion; a slice someone else
-changed is read again from the watch and replaced with what the reports say.
+A GPU's device is named after its uuid, so that a claim names the same GPU whatever index it
+has after a reboot. A slice is written only when what it says changes (a GPU added or lost, a
+taint added or removed, the block size), never per sample: no taint has a value that moves
+with the readings. Each write is fenced by leadership and made at the stored resourceVersion;
+one an API server stores without some field (a feature gate off) is not sent again until what
+it should say changes.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import logging
 import math
 import re
@@ -24,29 +27,30 @@ from typing import Any
 import numpy as np
 
 from scheduler_extender.k8s.client import JsonDict, KubeError
-from scheduler_extender.k8s.dra import DraView
+from scheduler_extender.k8s.dra import DRA_MANAGED_BY, DraView
 from scheduler_extender.names import (
     DRA_COOLING_TAINT,
     DRA_DRIVER,
     DRA_HOT_TAINT,
     DRA_MEMORY_CAPACITY,
     DRA_UNHEALTHY_TAINT,
+    dra_device_name,
 )
-from scheduler_extender.remediation.actuator import Actuator
+from scheduler_extender.remediation.actuator import Actuator, NotLeading
 from scheduler_extender.state.cluster import ClusterState
 
 log = logging.getLogger("scheduler_extender.dra")
 
 API_VERSION = "resource.k8s.io/v1"
+PERIOD_S = 2.0
+UNPLUGGED_GRACE_S = 30.0
+"""How long a node's agent must say its plugin is not registered before its slice goes: an
+agent that restarts says so for a moment (kubelet waits as long before it wipes a slice)."""
+MAX_WRITES = 50
+"""Slice writes per round at most (the rest wait for the next round)."""
+ATTRIBUTE_MAX = 64
+"""The longest string a device attribute may hold."""
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def slice_name(node: str) -> str:
-    """The name of the node's slice: ``<node>-gpu.edgegpu.io``, hashed where that is too long."""
-    name = f"{node}-{DRA_DRIVER}"
-    if len(name) <= 253:
-        return name
-    return f"{node[:200]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}-{DRA_DRIVER}"
 
 
 def quantity(mib: int) -> str:
@@ -62,8 +66,7 @@ def quantity(mib: int) -> str:
 
 def _taint_value(text: str) -> str:
     """``text`` as a label value (what a device taint's value must be)."""
-    value = _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
-    return value
+    return _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
 
 
 def desired_spec(state: ClusterState, node: str) -> JsonDict | None:
@@ -81,30 +84,35 @@ def desired_spec(state: ClusterState, node: str) -> JsonDict | None:
     batch = state.table.gather(np.array([row]), now, spec.thermal_throttling)
     rack = state.table.rack_name(int(state.table.column("rack")[row]))
     devices = []
+    names: set[str] = set()
     for gpu in sorted(report.gpus, key=lambda g: g.index):
+        name = dra_device_name(gpu.uuid)
+        if len(gpu.uuid) > ATTRIBUTE_MAX or name in names:
+            log.warning("node %s: gpu %d's uuid %r cannot name a device of its own: left out",
+                        node, gpu.index, gpu.uuid[:80])  # fmt: skip
+            continue
+        names.add(name)
         attributes: dict[str, Any] = {"index": {"int": gpu.index}, "uuid": {"string": gpu.uuid}}
         for key, value in (("model", gpu.model), ("vendor", gpu.vendor or report.agent.backend),
                            ("rack", rack)):  # fmt: skip
             if value:
-                attributes[key] = {"string": value}
-        device: JsonDict = {"name": f"gpu-{gpu.index}", "attributes": attributes}
+                attributes[key] = {"string": value[:ATTRIBUTE_MAX]}
+        device: JsonDict = {"name": name, "attributes": attributes}
         total = gpu.memory_total_mib
         blocks = int(total // block) if total is not None and math.isfinite(total) else 0
         if blocks > 0:
             attributes["memoryTotalMiB"] = {"int": int(total or 0)}
             whole = quantity(blocks * block)
-            device["capacity"] = {
-                DRA_MEMORY_CAPACITY: {
-                    "value": whole,
-                    # A claim that asks no memory takes all of it (the whole GPU); one that
-                    # asks some gets whole blocks.
-                    "requestPolicy": {
-                        "default": whole,
-                        "validRange": {"min": quantity(block), "step": quantity(block)},
-                    },
+            memory: JsonDict = {"value": whole}
+            if blocks > 1:
+                # A claim that asks no memory takes all of it (the whole GPU); one that asks
+                # some gets whole blocks, and the GPU is shared until its blocks are taken.
+                memory["requestPolicy"] = {
+                    "default": whole,
+                    "validRange": {"min": quantity(block), "step": quantity(block)},
                 }
-            }
-            device["allowMultipleAllocations"] = True
+                device["allowMultipleAllocations"] = True
+            device["capacity"] = {DRA_MEMORY_CAPACITY: memory}
         taints = []
         columns = batch.excluded_until.shape[1]
         until = float(batch.excluded_until[0, gpu.index]) if gpu.index < columns else 0.0
@@ -145,6 +153,25 @@ def _essence(spec: JsonDict) -> Any:
             "pool": pool, "devices": devices}  # fmt: skip
 
 
+def _keep_taint_times(spec: JsonDict, have: JsonDict) -> JsonDict:
+    """``spec`` with the timeAdded of every taint ``have`` has already (it is not reset)."""
+    times = {
+        (d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t["timeAdded"]
+        for d in (have.get("spec") or {}).get("devices") or []
+        for t in d.get("taints") or []
+        if t.get("timeAdded")
+    }
+    devices = []
+    for d in spec["devices"]:
+        if d.get("taints"):
+            d = {**d, "taints": [
+                {**t, **({"timeAdded": stamp} if (stamp := times.get(
+                    (d["name"], t["key"], t.get("value"), t["effect"]))) else {})}
+                for t in d["taints"]]}  # fmt: skip
+        devices.append(d)
+    return {**spec, "devices": devices}
+
+
 class SlicePublisher:
     """Keeps every node's ResourceSlice equal to what its agent's reports say (leader only)."""
 
@@ -154,77 +181,138 @@ class SlicePublisher:
         act: Actuator,
         nodes: Callable[[], Mapping[str, JsonDict]],
         view: DraView,
+        synced: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``synced``: whether the Node cache (and the policy) are there to decide from."""
         self.state = state
         self.act = act
         self.nodes = nodes
         self.view = view
-        """Our slices by name, as the watch (or our own last write) shows them."""
+        self.synced = synced
         self.writes = 0
+        self._left: dict[str, tuple[str, Any]] = {}
+        """By node: the resourceVersion of the slice as our last write left it, and what that
+        write asked for (the stored slice may lack what the API server does not serve)."""
+        self._said_dropped: set[str] = set()
+        self._unplugged: dict[str, float] = {}
+        """By node: since when its agent has said it serves no registered plugin."""
 
-    # -- the loop -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """``step`` every ``PERIOD_S``; no error ends the loop."""
+        while True:
+            await asyncio.sleep(PERIOD_S)
+            try:
+                await self.step()
+            except NotLeading as exc:
+                log.warning("resourceslices: leadership lost before %s", exc)
+            except Exception:
+                log.exception("resourceslices: the round failed; carrying on")
+
     async def step(self) -> None:
         """One pass over every node: create, replace or delete what differs."""
-        if not self.view.slices_synced or not self.act.leading(self.act.timeout_s):
+        if not (self.view.slices_synced and self.synced()):
+            return
+        if not self.act.leading(self.act.timeout_s):
             return
         nodes = self.nodes()
-        wanted: dict[str, tuple[str, JsonDict]] = {}
+        writes = 0
         for node, obj in nodes.items():
+            if writes >= MAX_WRITES:
+                break
+            have = self.view.of_node(node)
             spec = desired_spec(self.state, node)
-            if spec is not None and (obj.get("metadata") or {}).get("uid"):
-                wanted[slice_name(node)] = (node, spec)
-        for name, (node, spec) in wanted.items():
-            have = self.view.slices.get(name)
-            if have is not None and _essence(have.get("spec") or {}) == _essence(spec):
+            if spec is None:
+                # A node not heard of since this replica started keeps its slice until its
+                # agent speaks: a restart of ours is not its plugin going away.
+                if have is not None and self.state.store.get(node) is not None:
+                    since = self._unplugged.setdefault(node, self.state.clock.monotonic())
+                    if self.state.clock.monotonic() - since >= UNPLUGGED_GRACE_S:
+                        await self._delete(node, have)
+                        writes += 1
                 continue
-            await self._write(name, node, spec, have, nodes[node])
-        for name, have in list(self.view.slices.items()):
-            node = str((have.get("spec") or {}).get("nodeName") or "")
-            if name in wanted or (node in nodes and self.state.store.get(node) is None):
-                # A node that has not reported since this replica started keeps its slice
-                # until its agent speaks: a restart of ours is not its plugin going away.
+            self._unplugged.pop(node, None)
+            if not (obj.get("metadata") or {}).get("uid"):
                 continue
-            await self._delete(name, have)
+            if have is None:
+                if not self._may_create(node):
+                    continue
+            elif _essence(have.get("spec") or {}) == _essence(spec) or self._left.get(node) == (
+                have["metadata"].get("resourceVersion"),
+                _essence(spec),
+            ):
+                continue  # as it should be, or as our last write of the same spec left it
+            await self._write(node, spec, have, obj)
+            writes += 1
+        for node, have in list(self.view.ours().items()):
+            if node not in nodes and writes < MAX_WRITES:
+                await self._delete(node, have)  # its Node is gone (the collector may lag)
+                writes += 1
+
+    def _may_create(self, node: str) -> bool:
+        """A new slice needs a fresh report, received after any deletion of the last one."""
+        record = self.state.store.get(node)
+        if record is None or not self.state.telemetry_fresh(node):
+            return False
+        deleted = self.view.deleted_at.get(node)
+        return deleted is None or record.received_at > deleted
 
     async def _write(
-        self, name: str, node: str, spec: JsonDict, have: JsonDict | None, node_obj: JsonDict
+        self, node: str, spec: JsonDict, have: JsonDict | None, node_obj: JsonDict
     ) -> None:
         meta: JsonDict = {
-            "name": name,
-            "labels": {"app.kubernetes.io/managed-by": "edgegpu"},
+            "labels": {"app.kubernetes.io/managed-by": DRA_MANAGED_BY},
             # Deleted with its Node by the garbage collector.
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
                                  "uid": node_obj["metadata"]["uid"], "controller": True}],
         }  # fmt: skip
         generation = 0
-        if have is not None:
+        if have is None:
+            meta["generateName"] = f"{node[:200].rstrip('.-')}-{DRA_DRIVER}-"
+        else:
+            meta["name"] = have["metadata"]["name"]
             meta["resourceVersion"] = have["metadata"].get("resourceVersion")
             generation = int(((have.get("spec") or {}).get("pool") or {}).get("generation", 0)) + 1
+            spec = _keep_taint_times(spec, have)
+        sent: JsonDict = {**spec, "pool": {**spec["pool"], "generation": generation}}
         body = {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
-                "spec": {**spec, "pool": {**spec["pool"], "generation": generation}}}  # fmt: skip
+                "spec": sent}  # fmt: skip
         kube = self.act.kube
+        seen = self.view.events
+        what = f"resourceslice of {node}"
         try:
             if have is None:
-                out = await self.act.call(f"create resourceslice {name}", True,
-                                          kube.create_resource_slice, body)  # fmt: skip
+                out = await self.act.call(f"create {what}", True, kube.create_resource_slice,
+                                          body)  # fmt: skip
             else:
-                out = await self.act.call(f"replace resourceslice {name}", True,
-                                          kube.replace_resource_slice, name, body)  # fmt: skip
+                out = await self.act.call(f"replace {what}", True, kube.replace_resource_slice,
+                                          meta["name"], body)  # fmt: skip
         except KubeError as exc:
             if exc.status in (409, 404):  # changed or gone since the watch showed it
-                log.info("resourceslice %s: %s; the watch will show it again", name, exc)
+                log.info("%s: %s; the watch will show it again", what, exc)
             else:
-                log.warning("resourceslice %s not written: %s", name, exc)
+                log.warning("%s not written: %s", what, exc)
             return
-        self.view.slices[name] = out
+        if self.view.events == seen:  # else the watch has said something newer already
+            self.view.slice_event("ADDED", out)
         self.writes += 1
-        taints = sorted({t["key"].split("/")[-1] + f"(gpu {d['name'][4:]})"
-                         for d in spec["devices"] for t in d.get("taints", [])})  # fmt: skip
-        log.info("resourceslice %s: %d devices%s", name, len(spec["devices"]),
+        self._left[node] = (str(out["metadata"].get("resourceVersion")), _essence(spec))
+        dropped = _essence(out.get("spec") or {}) != _essence(sent)
+        if dropped and node not in self._said_dropped:
+            self._said_dropped.add(node)
+            log.error("%s: the API server stored it without some of what was sent (device "
+                      "taints and shared memory need Kubernetes 1.36, or the feature gates "
+                      "DRADeviceTaints and DRAConsumableCapacity on the API server and the "
+                      "scheduler): hot and faulty GPUs are not kept from new claims",
+                      what)  # fmt: skip
+        taints = sorted({f"{t['key'].split('/')[-1]}(gpu {d['attributes']['index']['int']})"
+                         for d in spec["devices"]
+                         for t in d.get("taints", [])})  # fmt: skip
+        log.info("%s: %d devices%s", what, len(spec["devices"]),
                  f", tainted {' '.join(taints)}" if taints else "")  # fmt: skip
 
-    async def _delete(self, name: str, have: JsonDict) -> None:
+    async def _delete(self, node: str, have: JsonDict) -> None:
         meta = have.get("metadata") or {}
+        name = str(meta.get("name", ""))
         try:
             await self.act.call(
                 f"delete resourceslice {name}", True, self.act.kube.delete_resource_slice,
@@ -234,5 +322,7 @@ class SlicePublisher:
             if exc.status != 404:
                 log.warning("resourceslice %s not deleted: %s", name, exc)
                 return
-        self.view.slices.pop(name, None)
-        log.info("resourceslice %s deleted: its agent serves no DRA plugin now", name)
+        self.view.slice_event("DELETED", have)
+        self._left.pop(node, None)
+        self._unplugged.pop(node, None)
+        log.info("resourceslice %s deleted: %s serves no DRA plugin now", name, node)

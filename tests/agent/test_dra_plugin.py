@@ -12,9 +12,18 @@ import grpc
 import pytest
 
 from node_agent.config import AgentSettings
-from node_agent.dra import dra_pb2, dra_pb2_grpc, registration_pb2, registration_pb2_grpc
+from node_agent.dra import (
+    dra_pb2,
+    dra_pb2_grpc,
+    health_pb2,
+    health_pb2_grpc,
+    registration_pb2,
+    registration_pb2_grpc,
+)
+from node_agent.dra.health import DeviceHealth
 from node_agent.dra.plugin import AllocatedClaim, ClaimDevice, DraPlugin
 from node_agent.dra.server import DraServer
+from node_agent.uplink import claims as uplink_claims
 from node_agent.uplink.claims import claim_of
 
 UID = "0f3c2a9e-4d1b-4c55-9a7e-1b2c3d4e5f60"
@@ -89,11 +98,11 @@ async def test_a_whole_gpu_claim_gets_a_cdi_spec_naming_its_gpu(served):
     (device,) = answer.devices
     assert (list(device.request_names), device.pool_name, device.device_name) == (
         ["gpu"], "edge-1", "gpu-1")  # fmt: skip
-    assert list(device.cdi_device_ids) == [f"edgegpu.io/gpu={UID}"]
+    assert list(device.cdi_device_ids) == [f"edgegpu.io/gpu={UID}-gpu"]
     spec = json.loads(server.plugin.spec_path(UID).read_text())
     assert spec["kind"] == "edgegpu.io/gpu" and spec["cdiVersion"] == "0.6.0"
     (cdi,) = spec["devices"]
-    assert cdi["name"] == UID
+    assert cdi["name"] == f"{UID}-gpu"
     assert sorted(cdi["containerEdits"]["env"]) == [
         "EDGEGPU_GPU_UUID=GPU-bbbb", "NVIDIA_VISIBLE_DEVICES=GPU-bbbb"]  # fmt: skip
 
@@ -212,3 +221,88 @@ def test_the_agent_refuses_to_serve_both_dialects(monkeypatch):
     monkeypatch.setenv("NODE_NAME", "edge-1")
     with pytest.raises(ValueError, match="exclusive"):
         AgentSettings(dra=True, device_plugin=True)
+
+
+async def test_kubelet_hears_each_gpus_health_at_once_and_each_change(tmp_path):
+    health = {"GPU-AAAA": (True, ""), "GPU-bbbb": (False, "xid:79")}
+    plugin = DraPlugin(Extenders(), tmp_path / "cdi")
+    server = DraServer(plugin, tmp_path / "reg", poll_s=0.05,
+                       health=DeviceHealth("edge-1", lambda: dict(health), poll_s=0.02))  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    try:
+        for _ in range(200):
+            if server.socket.exists():
+                break
+            await asyncio.sleep(0.01)
+        async with grpc.aio.insecure_channel(f"unix://{server.socket}") as channel:
+            info = await registration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                registration_pb2.InfoRequest(), timeout=5
+            )
+            assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+            stream = health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest()
+            )
+            first = await asyncio.wait_for(stream.read(), 5)
+            seen = {(d.device.pool_name, d.device.device_name): (d.health, d.message)
+                    for d in first.devices}  # fmt: skip
+            # Named as the extender's slice names them: after the GPU's uuid.
+            assert seen == {("edge-1", "gpu-aaaa"): (health_pb2.HEALTHY, ""),
+                            ("edge-1", "gpu-bbbb"): (health_pb2.UNHEALTHY, "xid:79")}  # fmt: skip
+            assert all(d.health_check_timeout_seconds > 0 for d in first.devices)
+            health["GPU-AAAA"] = (False, "ecc:dbe")
+            changed = await asyncio.wait_for(stream.read(), 5)
+            assert changed.devices[0].health == health_pb2.UNHEALTHY
+            assert changed.devices[0].message == "ecc:dbe"
+            stream.cancel()
+    finally:
+        stop.set()
+        await task
+
+
+async def test_each_request_of_a_claim_is_its_own_cdi_device_for_the_containers_naming_it(served):
+    server, extenders, channel = served
+    claim = AllocatedClaim("c-two", "ml", "pair", (
+        ClaimDevice("train/large", "edge-1", "gpu-a", "GPU-aaaa", None),
+        ClaimDevice("train/large", "edge-1", "gpu-b", "GPU-bbbb", None),
+        ClaimDevice("infer", "edge-1", "gpu-c", "GPU-cccc", 4096),
+    ))  # fmt: skip
+    assert extenders.claims is not None
+    extenders.claims[claim.uid] = claim
+    stub = dra_pb2_grpc.DRAPluginStub(channel)
+    out = await stub.NodePrepareResources(
+        dra_pb2.NodePrepareResourcesRequest(claims=[_claim(claim)])
+    )
+    devices = out.claims["c-two"].devices
+    # A subrequest of firstAvailable is named by its request, as the containers name it.
+    assert [list(d.request_names) for d in devices] == [["train"], ["train"], ["infer"]]
+    assert [list(d.cdi_device_ids) for d in devices] == [
+        ["edgegpu.io/gpu=c-two-train"], [], ["edgegpu.io/gpu=c-two-infer"]]  # fmt: skip
+    spec = json.loads(server.plugin.spec_path("c-two").read_text())
+    envs = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in envs["c-two-train"]
+    assert "EDGEGPU_MEM_LIMIT_MIB=4096" in envs["c-two-infer"]
+
+
+async def test_a_claim_naming_a_gpu_this_node_has_not_is_not_prepared(tmp_path):
+    plugin = DraPlugin(Extenders(WHOLE), tmp_path / "cdi", gpus=lambda: {"GPU-aaaa"})
+    out = await plugin.NodePrepareResources(
+        dra_pb2.NodePrepareResourcesRequest(claims=[_claim(WHOLE)]), None
+    )
+    assert "GPU-bbbb, no GPU of this node" in out.claims[UID].error
+    assert not (tmp_path / "cdi").exists()
+
+
+async def test_replicas_that_disagree_on_a_claims_devices_give_it_no_gpu(monkeypatch):
+    def row(device: str, uuid: str) -> dict[str, object]:
+        return {"uid": UID, "namespace": "ml", "name": "c", "devices": [
+            {"request": "gpu", "pool": "a", "device": device, "uuid": uuid}]}  # fmt: skip
+
+    # One replica lists the claim as it was before it was allocated again.
+    answers = iter([[row("gpu-0", "GPU-aaaa")], [row("gpu-1", "GPU-bbbb")]])
+
+    async def listed_rows(*_args: object) -> list[object]:
+        return next(answers)
+
+    monkeypatch.setattr(uplink_claims, "listed_rows", listed_rows)
+    assert await uplink_claims.merged(None, ["r1", "r2"], "a", {}, 1 << 20) == {}  # type: ignore[arg-type]

@@ -238,7 +238,8 @@ def start_cluster(
             cluster.real[name] = node
             node.start()
         cluster.installed = install(cp)
-        cp.kubectl("apply", "-f", "overlays/dra/deviceclass.yaml", "-f", "overlays/dra/rbac.yaml")
+        cp.kubectl("apply", "-f", "overlays/dra/deviceclass.yaml", "-f", "overlays/dra/rbac.yaml",
+                   "-f", "overlays/dra/admission.yaml")  # fmt: skip
         for ext in extenders:
             ext.start()
         balancer.start()

@@ -7,7 +7,8 @@ from typing import Any
 
 from scheduler_extender.k8s.dra import DraView, claim_of, mib_of
 from scheduler_extender.k8s.sync import assignment_from_claims
-from scheduler_extender.remediation.slices import _essence, desired_spec, quantity, slice_name
+from scheduler_extender.names import dra_device_name as device_name
+from scheduler_extender.remediation.slices import _essence, desired_spec, quantity
 from tests.builders import gpu, report
 
 
@@ -41,8 +42,9 @@ async def test_each_gpu_is_a_device_with_its_attributes_and_memory_in_whole_bloc
 ):
     await _state(client, clock, registered("a", [gpu(0, memory_total_mib=15360.0), gpu(1)]))
     devices = _devices(app, "a")
-    assert sorted(devices) == ["gpu-0", "gpu-1"]
-    d0 = devices["gpu-0"]
+    # Named after the GPU, not its index: a claim names the same GPU after a re-index.
+    assert sorted(devices) == ["gpu-0000", "gpu-0001"]
+    d0 = devices["gpu-0000"]
     assert d0["attributes"]["uuid"] == {"string": "GPU-0000"}
     assert d0["attributes"]["index"] == {"int": 0}
     assert d0["attributes"]["model"] == {"string": "Tesla T4"}
@@ -59,22 +61,22 @@ async def test_each_gpu_is_a_device_with_its_attributes_and_memory_in_whole_bloc
 async def test_a_hot_gpu_is_tainted_then_cooling_down_then_untainted(client, app, clock):
     await _state(client, clock, registered("a", [gpu(0, temperature_c=90.0), gpu(1)]))
     devices = _devices(app, "a")
-    assert devices["gpu-0"]["taints"] == [{"key": "gpu.edgegpu.io/hot", "effect": "NoSchedule"}]
-    assert "taints" not in devices["gpu-1"]
+    assert devices["gpu-0000"]["taints"] == [{"key": "gpu.edgegpu.io/hot", "effect": "NoSchedule"}]
+    assert "taints" not in devices["gpu-0001"]
     clock.advance(10)
     await _state(client, clock, registered("a", [gpu(0, temperature_c=60.0), gpu(1)]))
-    assert _devices(app, "a")["gpu-0"]["taints"] == [
+    assert _devices(app, "a")["gpu-0000"]["taints"] == [
         {"key": "gpu.edgegpu.io/cooling-down", "effect": "NoSchedule"}
     ]
     clock.advance(301)
     await _state(client, clock, registered("a", [gpu(0, temperature_c=60.0), gpu(1)]))
-    assert "taints" not in _devices(app, "a")["gpu-0"]
+    assert "taints" not in _devices(app, "a")["gpu-0000"]
 
 
 async def test_an_unhealthy_gpu_is_tainted_with_its_reason(client, app, clock):
     sick = gpu(0, health="unhealthy", health_reasons=["xid:79"])
     await _state(client, clock, registered("a", [sick]))
-    assert _devices(app, "a")["gpu-0"]["taints"] == [
+    assert _devices(app, "a")["gpu-0000"]["taints"] == [
         {"key": "gpu.edgegpu.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
     ]
 
@@ -100,10 +102,23 @@ def test_what_the_api_server_adds_to_a_slice_is_not_a_change():
     assert _essence(ours) != _essence(stored)
 
 
-def test_a_slice_name_is_a_valid_object_name_for_any_node_name():
-    assert slice_name("edge-7") == "edge-7-gpu.edgegpu.io"
-    long = slice_name("n" * 253)
-    assert len(long) <= 253 and long.endswith("-gpu.edgegpu.io")
+def test_a_device_is_named_after_its_gpus_uuid_as_a_dns_label():
+    assert device_name("GPU-8f3c2a9e-4d1b-4c55-9a7e-1b2c3d4e5f60") == (
+        "gpu-8f3c2a9e-4d1b-4c55-9a7e-1b2c3d4e5f60"
+    )
+    assert device_name("0000:01:00.0") == device_name("0000:01:00.0")
+    assert device_name("0000:01:00.0").startswith("gpu-") and ":" not in device_name("0000:01:00.0")
+    assert device_name("MIG-x" * 20) != device_name("MIG-y" * 20)
+
+
+async def test_a_gpu_of_one_block_is_offered_whole_and_long_texts_are_cut(client, app, clock):
+    one = gpu(0, memory_total_mib=7600.0, model="NVIDIA Jetson AGX Orin " + "x" * 80)
+    await _state(client, clock, registered("a", [one]))
+    (device,) = _devices(app, "a").values()
+    # min + step must fit in the capacity: with one block there is nothing to share.
+    assert device["capacity"] == {"memory": {"value": "4Gi"}}
+    assert "allowMultipleAllocations" not in device
+    assert len(device["attributes"]["model"]["string"]) == 64
 
 
 def test_quantities_are_written_as_the_api_server_writes_them_back():
@@ -120,15 +135,37 @@ def test_memory_quantities_read_as_mib():
 
 
 def _claim(
-    uid: str, results: list[dict[str, Any]], reserved: tuple[str, ...] = ()
-) -> dict[str, Any]:
+    uid: str, results: list[dict[str, Any]], reserved: tuple[str, ...] = (),
+    node: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    node = node or (results[0]["pool"] if results else "a")
+    where = {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}  # fmt: skip
     return {
         "metadata": {"uid": uid, "namespace": "ml", "name": f"claim-{uid}"},
         "status": {
-            "allocation": {"devices": {"results": results}},
+            "allocation": {"devices": {"results": results}, "nodeSelector": where},
             "reservedFor": [{"resource": "pods", "name": "p", "uid": u} for u in reserved],
         },
     }
+
+
+def _slice(node: str, devices: list[dict[str, Any]], **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"{node}-gpu.edgegpu.io-x1",
+                         "labels": labels or {"app.kubernetes.io/managed-by": "edgegpu"}},
+            "spec": {"driver": "gpu.edgegpu.io", "nodeName": node,
+                     "pool": {"name": node, "resourceSliceCount": 1}, "devices": devices}}  # fmt: skip
+
+
+def test_only_the_slices_the_leader_made_are_taken_for_ours():
+    view = DraView()
+    device = [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-evil"}}}]
+    foreign = _slice("a", device, **{"app.kubernetes.io/managed-by": "someone"})
+    view.replace_slices([foreign])
+    assert view.of_node("a") is None and view.gpu_uuid("a", "gpu-0") is None
+    view.slice_event("ADDED", _slice("a", [{"name": "gpu-0",
+                                          "attributes": {"uuid": {"string": "GPU-aaaa"}}}]))  # fmt: skip
+    assert view.gpu_uuid("a", "gpu-0") == "GPU-aaaa"
 
 
 def _result(device: str, pool: str = "a", driver: str = "gpu.edgegpu.io", **more: Any):
@@ -147,15 +184,17 @@ def test_a_claim_allocated_our_device_is_kept_with_its_memory_and_share():
 def test_claims_of_other_drivers_or_not_allocated_are_not_ours():
     assert claim_of(_claim("u1", [_result("gpu-0", driver="gpu.nvidia.com")])) is None
     assert claim_of({"metadata": {"uid": "u2"}, "status": {}}) is None
+    # Admin access (monitoring) holds no GPU; a pool not the node the claim is usable on
+    # (a slice some node made under our driver's name) is not ours.
+    assert claim_of(_claim("u3", [_result("gpu-0", adminAccess=True)])) is None
+    assert claim_of(_claim("u4", [_result("gpu-0", pool="a")], node="b")) is None
 
 
 def test_a_node_is_told_its_claims_with_the_gpu_uuid_its_slice_gives_each_device():
     view = DraView()
-    view.replace_slices([{
-        "metadata": {"name": "a-gpu.edgegpu.io"},
-        "spec": {"driver": "gpu.edgegpu.io", "nodeName": "a", "devices": [
-            {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}},
-            {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}}}]}}])  # fmt: skip
+    view.replace_slices([_slice("a", [
+        {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}, "index": {"int": 0}}},
+        {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}, "index": {"int": 1}}}])])  # fmt: skip
     view.replace_claims(
         [
             _claim("u1", [_result("gpu-1", consumedCapacity={"memory": "4Gi"})]),
@@ -182,11 +221,11 @@ async def test_the_claims_route_is_not_served_without_dra(client):
 def _view_with(node: str, claims: list[dict[str, Any]]) -> DraView:
     view = DraView()
     device = {"capacity": {"memory": {"value": "12Gi"}}}
-    view.replace_slices([{
-        "metadata": {"name": f"{node}-gpu.edgegpu.io"},
-        "spec": {"driver": "gpu.edgegpu.io", "nodeName": node, "devices": [
-            {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}, **device},
-            {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}}, **device}]}}])  # fmt: skip
+    view.replace_slices([_slice(node, [
+        {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}, "index": {"int": 0}},
+         **device},
+        {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-bbbb"}, "index": {"int": 1}},
+         **device}])])  # fmt: skip
     view.replace_claims(claims)
     return view
 

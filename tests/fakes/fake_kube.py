@@ -58,6 +58,8 @@ KINDS = {
         Kind("configmaps", "ConfigMap", "v1", True),
         Kind("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
         Kind("gpuschedulingpolicies", "GPUSchedulingPolicy", "kepler.io/v1", False),
+        Kind("resourceslices", "ResourceSlice", "resource.k8s.io/v1", False),
+        Kind("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True),
     )
 }
 
@@ -615,6 +617,13 @@ class FakeKube:
                     raise ApiError(404, "NotFound", f"no subresource {sub}")
                 return 200, copy.deepcopy(current)
             if method == "DELETE":
+                wanted = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+                meta = current["metadata"]
+                for field_name in ("uid", "resourceVersion"):
+                    if wanted.get(field_name) and wanted[field_name] != meta.get(field_name):
+                        raise ApiError(409, "Conflict", f"Precondition failed: {field_name} in "
+                                       f"precondition: {wanted[field_name]}, in object meta: "
+                                       f"{meta.get(field_name)}")  # fmt: skip
                 self.objects.pop(key)
                 self._record(plural, "DELETED", current)
                 return 200, copy.deepcopy(current)
