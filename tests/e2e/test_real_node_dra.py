@@ -24,6 +24,7 @@ from tests.e2e.conftest import REAL_NODES, Cluster, until
 from tests.e2e.edgegpu import NAMESPACE, Agent
 from tests.e2e.realnode import RealNode, real_pod
 from tests.e2e.test_policy_and_auth import patch_policy
+from tests.e2e.test_real_node import _restart
 from tests.e2e.test_remediation import _policy_in_force
 
 pytestmark = pytest.mark.skipif(
@@ -95,12 +96,6 @@ def dra_node(cluster: Cluster, say: Callable[[str], None]) -> Iterator[tuple[Rea
         _restart(agent, *plain)
         until(f"{name}'s slice gone once its agent serves no DRA plugin",
               lambda: _slice(cluster, name) is None, 90.0)  # fmt: skip
-
-
-def _restart(agent: Agent, scenario: str, extra_args: list[str]) -> None:
-    agent.stop()
-    agent.scenario, agent.extra_args = scenario, extra_args
-    agent.start()
 
 
 def _slice(cluster: Cluster, node: str) -> dict[str, Any] | None:
