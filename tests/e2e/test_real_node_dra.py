@@ -73,13 +73,15 @@ def dra_node(cluster: Cluster, say: Callable[[str], None]) -> Iterator[tuple[Rea
             return doc is not None and not any(d.get("taints") for d in doc["spec"]["devices"])
 
         # A GPU an earlier case heated (the real nodes' thermal migration) is in its 5 min
-        # cool-down: shortened while it ends, as the hot case below does after itself.
+        # cool-down, which runs from when it cooled: a short one for the case, so that no GPU
+        # cooling down holds a slice's taint or a node's uncordon (the policy's 5 min would
+        # put it back in its cool-down if restored before the case).
         patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "5s"}})
         try:
             until(f"{name}'s ResourceSlice, no GPU tainted", untainted, 120.0)
+            yield node, agent
         finally:
             patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "5m"}})
-        yield node, agent
     finally:
         # The claim pods go while the DRA plugin is there: kubelet unprepares their claims
         # through it before their containers are gone (a node changes dialect drained).
@@ -197,7 +199,9 @@ def test_a_claim_gets_a_gpu_of_the_slice_the_leader_publishes_and_the_real_kubel
     assert f"NVIDIA_VISIBLE_DEVICES={uuids[device]}" in cdi["containerEdits"]["env"], spec
 
     # Samples go on arriving; the slice is written again only when what it says changes.
-    version = published["metadata"]["resourceVersion"]
+    before = _slice(cluster, node.name)
+    assert before is not None
+    version = before["metadata"]["resourceVersion"]
     time.sleep(4.0)
     doc = _slice(cluster, node.name)
     assert doc is not None and doc["metadata"]["resourceVersion"] == version
@@ -312,8 +316,7 @@ def test_a_hot_gpu_is_tainted_and_the_scheduler_gives_the_next_claim_another_one
             "the next claim got gpu-1, the one after stayed unschedulable"
         )
     finally:
-        # Out of its cool-down before the cases after this file use real-1's GPUs.
-        patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "5s"}})
+        # Out of its (short) cool-down before the cases after this one use real-1's GPUs.
         _restart(agent, "steady", _dra_args(node))
 
         def cool() -> bool:
@@ -322,7 +325,6 @@ def test_a_hot_gpu_is_tainted_and_the_scheduler_gives_the_next_claim_another_one
                        for g in e.get(f"/debug/nodes/{node.name}")["gpus"])  # fmt: skip
 
         until(f"{node.name}'s GPUs out of their cool-down", cool, 120.0)
-        patch_policy(cluster, {"thermalThrottling": {"coolDownPeriod": "5m"}})
 
 
 def test_a_claim_that_would_tolerate_the_gpu_taints_is_refused_outside_trusted_namespaces(
