@@ -204,6 +204,13 @@ class ExtenderMetrics:
             ["call"],
             registry=registry,
         )
+        self.slice_writes = Counter(
+            "edgegpu_extender_resourceslice_writes_total",
+            "ResourceSlices of the DRA driver gpu.edgegpu.io written by the leader, by operation "
+            "(create, replace, delete).",
+            ["op"],
+            registry=registry,
+        )
         self.remediation_transitions = Counter(
             "edgegpu_extender_remediation_transitions_total",
             "Nodes entering a state of the GPU fault loop (healthy: the loop ended).",

@@ -55,6 +55,8 @@ class AmdBackend:
         self._smi: Any = module
         self._proc_root = proc_root
         self._handles: list[Any] = []
+        self._uuids: dict[int, str] = {}
+        """The uuid each GPU last read with: a lost GPU keeps it (its claims and pods do)."""
         self._limits: dict[int, PowerLimits | None] = {}
         self._opened = False
         self._failed = 0
@@ -137,8 +139,10 @@ class AmdBackend:
             uuid = smi.amdsmi_get_gpu_device_uuid(h)
         except smi.AmdSmiLibraryException as exc:
             log.error("gpu %d is lost: %s", index, exc)
-            return GpuReading(index=index, uuid=f"AMD-index-{index}", vendor="amd", lost=True)
+            uuid = self._uuids.get(index, f"AMD-index-{index}")
+            return GpuReading(index=index, uuid=uuid, vendor="amd", lost=True)
         self._failed = 0
+        self._uuids[index] = str(uuid)
         asic = self._field(smi.amdsmi_get_gpu_asic_info, h) or {}
         power = self._field(smi.amdsmi_get_power_info, h) or {}
         activity = self._field(smi.amdsmi_get_gpu_activity, h) or {}

@@ -75,6 +75,8 @@ class NvmlBackend:
         self._clock = clock
         self._last_probe = -float("inf")
         self._handles: list[Any] = []
+        self._uuids: dict[int, str] = {}
+        """The uuid each GPU last read with: a lost GPU keeps it (its claims and pods do)."""
         self._events: Any = None
         self._xid_capable: set[int] = set()
         self._limits: dict[int, PowerLimits | None] = {}
@@ -160,7 +162,9 @@ class NvmlBackend:
         nv = self._nv
         h = self._handles[index]
         try:
-            uuid = self._field(nv.nvmlDeviceGetUUID, h) or f"GPU-index-{index}"
+            uuid = self._field(nv.nvmlDeviceGetUUID, h) or self._uuids.get(
+                index, f"GPU-index-{index}"
+            )
             name = self._field(nv.nvmlDeviceGetName, h)
             temp = self._field(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             power_mw = self._field(nv.nvmlDeviceGetPowerUsage, h)
@@ -183,7 +187,9 @@ class NvmlBackend:
             procs = self._field(nv.nvmlDeviceGetComputeRunningProcesses, h)
         except nv.NVMLError as exc:
             log.error("gpu %d is lost: %s", index, exc)
-            return GpuReading(index=index, uuid=f"GPU-index-{index}", vendor="nvidia", lost=True)
+            uuid = self._uuids.get(index, f"GPU-index-{index}")
+            return GpuReading(index=index, uuid=uuid, vendor="nvidia", lost=True)
+        self._uuids[index] = _text(uuid)
         return GpuReading(
             vendor="nvidia",
             index=index,

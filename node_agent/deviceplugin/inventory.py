@@ -9,6 +9,7 @@ kubelet's PodResources says. Imports ``model`` and the device plugin's modules.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class BlockInventory:
         """Idle blocks each GPU lends to best-effort pods, as the extenders last said."""
         self.health: dict[str, tuple[bool, str]] = {}
         """By GPU uuid, as last sampled: healthy, or why not (the DRA plugin streams it)."""
+        self.health_at = 0.0
+        """When ``health`` was sampled (wall clock)."""
         self.sys_root = Path("/sys")
         """Where sysfs is (the device plugin finds AMD and Intel GPUs' device nodes there)."""
         self.state = state
@@ -62,6 +65,7 @@ class BlockInventory:
         self.health = {self._uuid_at.get(r.index, r.uuid) if r.lost else r.uuid:
                        (False, "lost") if r.lost else _level(healths.get(r.index))
                        for r in snap.readings}  # fmt: skip
+        self.health_at = time.time()
         if self.plugin is not None:
             await self.plugin.update(gpus)
 
@@ -69,9 +73,9 @@ class BlockInventory:
         """The uuids of this node's GPUs, as sampled."""
         return set(self._uuid_at.values())
 
-    def device_health(self) -> dict[str, tuple[bool, str]]:
-        """By GPU uuid, as last sampled: whether it is healthy and why not."""
-        return dict(self.health)
+    def device_health(self) -> tuple[float, dict[str, tuple[bool, str]]]:
+        """When the GPUs were last sampled, and by uuid whether each is healthy and why not."""
+        return self.health_at, dict(self.health)
 
     def device_nodes_of(self, uuid: str) -> tuple[str, ...]:
         """An AMD or Intel GPU's device nodes as last found; empty for NVIDIA or unknown."""

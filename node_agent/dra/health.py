@@ -3,8 +3,9 @@
 kubelet (``ResourceHealthStatus``, beta and on in 1.36) keeps one ``NodeWatchResources`` stream
 open to the plugin and writes what it hears into the ``allocatedResourcesStatus`` of the
 containers that hold the device. A GPU's health changes are sent at once, and all of them again
-every ``PERIOD_S``: a device not heard of within ``TIMEOUT_S`` reads Unknown, as it should when
-the agent has stopped sampling. Imports grpc, the generated API and the standard library.
+every ``PERIOD_S``, stamped with the time of the sample they come from: a device whose last
+sample is older than ``TIMEOUT_S`` reads Unknown, as it should when the agent has stopped
+sampling. Imports grpc, the generated API and the standard library.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from typing import Any
 from node_agent.dra import health_pb2, health_pb2_grpc
 from scheduler_extender.names import dra_device_name
 
+Health = tuple[float, dict[str, tuple[bool, str]]]
+"""When the GPUs were last sampled (wall clock) and, by uuid, whether each is healthy, and why
+not."""
+
 PERIOD_S = 10.0
 TIMEOUT_S = 30
 
 
 class DeviceHealth(health_pb2_grpc.DRAResourceHealthServicer):
-    """The node's GPUs' health, as ``health()`` says (by uuid: healthy, or why not)."""
+    """The node's GPUs' health, as ``health()`` says."""
 
     def __init__(
         self,
         pool: str,
-        health: Callable[[], dict[str, tuple[bool, str]]],
+        health: Callable[[], Health],
         *,
         poll_s: float = 1.0,
         period_s: float = PERIOD_S,
@@ -37,8 +42,9 @@ class DeviceHealth(health_pb2_grpc.DRAResourceHealthServicer):
         self._poll_s = poll_s
         self._period_s = period_s
 
-    def _response(self, now: dict[str, tuple[bool, str]]) -> health_pb2.NodeWatchResourcesResponse:
-        stamp = int(time.time())
+    def _response(self, sampled: Health) -> health_pb2.NodeWatchResourcesResponse:
+        at, now = sampled
+        stamp = int(at)
         return health_pb2.NodeWatchResourcesResponse(
             devices=[
                 health_pb2.DeviceHealth(
@@ -61,8 +67,9 @@ class DeviceHealth(health_pb2_grpc.DRAResourceHealthServicer):
         last: dict[str, tuple[bool, str]] | None = None
         sent = 0.0
         while True:
-            now = self._health()
+            sampled = self._health()
+            now = sampled[1]
             if now and (now != last or time.monotonic() - sent >= self._period_s):
-                yield self._response(now)
+                yield self._response(sampled)
                 last, sent = now, time.monotonic()
             await asyncio.sleep(self._poll_s)

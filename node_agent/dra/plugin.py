@@ -108,6 +108,13 @@ class DraPlugin(dra_pb2_grpc.DRAPluginServicer):
             if not found.devices:
                 answer.error = f"{where}: allocated no device of {DRIVER}"
                 continue
+            if len({_request(d.request) for d in found.devices}) > 1:
+                # A container that names the whole claim would get every request's CDI
+                # device, and each sets NVIDIA_VISIBLE_DEVICES: only one list would hold.
+                answer.error = (f"{where}: more than one request of {DRIVER} in one claim is "
+                                "not supported: ask one request with a count, or one claim per "
+                                "request")  # fmt: skip
+                continue
             mine = self._gpus() if self._gpus is not None else None
             foreign = [d.gpu_uuid for d in found.devices
                        if mine is not None and d.gpu_uuid not in mine]  # fmt: skip

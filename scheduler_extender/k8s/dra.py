@@ -44,6 +44,8 @@ class ClaimDevice:
     share_id: str | None
     memory_mib: int | None
     """What it consumes of the device's memory; None: no capacity (the whole device)."""
+    admin: bool = False
+    """Admin access (monitoring, diagnostics): the GPU is seen, not held."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +69,8 @@ def claim_of(obj: JsonDict) -> Claim | None:
     devices = []
     pools = set()
     for r in results:
-        if not isinstance(r, dict) or r.get("driver") != DRA_DRIVER or r.get("adminAccess"):
-            continue  # admin access (monitoring) holds no GPU
+        if not isinstance(r, dict) or r.get("driver") != DRA_DRIVER:
+            continue
         consumed = (r.get("consumedCapacity") or {}).get(DRA_MEMORY_CAPACITY)
         devices.append(
             ClaimDevice(
@@ -77,6 +79,7 @@ def claim_of(obj: JsonDict) -> Claim | None:
                 device=str(r.get("device", "")),
                 share_id=str(r["shareID"]) if r.get("shareID") else None,
                 memory_mib=mib_of(consumed) if consumed is not None else None,
+                admin=r.get("adminAccess") is True,
             )
         )
         pools.add(str(r.get("pool", "")))
@@ -138,13 +141,14 @@ class DraView:
         self._now = now
         self.slices: dict[str, JsonDict] = {}
         """Our slices by name."""
-        self._by_node: dict[str, str] = {}
-        """The name of each node's slice of ours."""
+        self._by_node: dict[str, set[str]] = {}
+        """The names of each node's slices of ours (more than one only until the extras go)."""
+        self._devices: dict[tuple[str, str], JsonDict] = {}
+        """The last device of each name a slice of ours said, by (node, device): a device is
+        named after its GPU's uuid, so what it says of the GPU outlives a wiped slice."""
         self.slices_synced = False
         self.deleted_at: dict[str, float] = {}
-        """By node: when its slice of ours was last seen deleted."""
-        self.events = 0
-        """Slice changes applied so far (a write's answer older than one is not stored)."""
+        """By node: when its last slice of ours was seen deleted."""
         self.claims: dict[str, Claim] = {}
         self.claims_synced = False
         self._named: dict[tuple[str, str], str] = {}
@@ -166,31 +170,61 @@ class DraView:
         node = _ours(obj)
         if node is None:
             return
-        self.events += 1
         name = str(obj["metadata"]["name"])
+        names = self._by_node.setdefault(node, set())
         if kind == "DELETED":
             self.slices.pop(name, None)
-            if self._by_node.get(node) == name:
+            names.discard(name)
+            if not names:
                 del self._by_node[node]
                 self.deleted_at[node] = self._now()
             return
         self.slices[name] = obj
-        self._by_node.setdefault(node, name)
+        names.add(name)
+        for d in (obj.get("spec") or {}).get("devices") or []:
+            if isinstance(d, dict) and d.get("name"):
+                self._devices[(node, str(d["name"]))] = d
+
+    def written(self, sent: JsonDict | None, answer: JsonDict) -> None:
+        """Our write's answer, unless the watch has shown something newer of the slice already.
+
+        ``sent``: the slice as it was before a replace (None: a create). A created slice's
+        name is new, so its answer is stored when the watch has not shown it yet; a replaced
+        one's when the stored slice is still the one replaced.
+        """
+        name = str(answer["metadata"]["name"])
+        stored = self.slices.get(name)
+        if sent is None:
+            if stored is None:
+                self.slice_event("ADDED", answer)
+            return
+        if stored is not None and (stored.get("metadata") or {}).get("resourceVersion") == (
+            sent.get("metadata") or {}
+        ).get("resourceVersion"):
+            self.slice_event("MODIFIED", answer)
+
+    def slices_of(self, node: str) -> list[JsonDict]:
+        """The node's slices of ours, the one it keeps first (the oldest, then by name)."""
+        found = [self.slices[n] for n in self._by_node.get(node, ()) if n in self.slices]
+        return sorted(found, key=lambda s: (str(s["metadata"].get("creationTimestamp") or ""),
+                                            str(s["metadata"]["name"])))  # fmt: skip
 
     def of_node(self, node: str) -> JsonDict | None:
         """The node's slice of ours, if it has one."""
-        name = self._by_node.get(node)
-        return self.slices.get(name) if name is not None else None
+        found = self.slices_of(node)
+        return found[0] if found else None
 
-    def ours(self) -> dict[str, JsonDict]:
-        """Every slice of ours, by node."""
-        return {node: self.slices[name] for node, name in self._by_node.items()}
+    def nodes(self) -> list[str]:
+        """The nodes with a slice of ours."""
+        return list(self._by_node)
 
     def _device(self, node: str, device: str) -> JsonDict | None:
-        for d in ((self.of_node(node) or {}).get("spec") or {}).get("devices") or []:
-            if d.get("name") == device:
-                return dict(d)
-        return None
+        return self._devices.get((node, device))
+
+    def forget_node(self, node: str) -> None:
+        """What the node's slices said of its devices, once the Node is gone."""
+        for key in [k for k in self._devices if k[0] == node]:
+            del self._devices[key]
 
     def gpu_uuid(self, node: str, device: str) -> str | None:
         """The GPU uuid our slice of ``node`` gives ``device``; None when not known."""

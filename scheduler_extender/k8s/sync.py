@@ -127,6 +127,8 @@ def assignment_from_claims(pod: JsonDict, dra: DraView, state: ClusterState) -> 
         if claim.node != node:
             continue
         for d in claim.devices:
+            if d.admin:
+                continue  # admin access (monitoring) sees the GPU, holds none of it
             index = dra.gpu_index(node, d.device)
             if index is None or index in indices:
                 continue

@@ -49,7 +49,7 @@ agent that restarts says so for a moment (kubelet waits as long before it wipes 
 MAX_WRITES = 50
 """Slice writes per round at most (the rest wait for the next round)."""
 ATTRIBUTE_MAX = 64
-"""The longest string a device attribute may hold."""
+"""The longest string a device attribute may hold, in bytes (the API server counts bytes)."""
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -62,6 +62,11 @@ def quantity(mib: int) -> str:
         if mib % size == 0:
             return f"{mib // size}{suffix}"
     return f"{mib}Mi"
+
+
+def _cut(text: str) -> str:
+    """``text`` in at most ``ATTRIBUTE_MAX`` bytes of UTF-8, no character split."""
+    return text.encode()[:ATTRIBUTE_MAX].decode(errors="ignore")
 
 
 def _taint_value(text: str) -> str:
@@ -87,7 +92,7 @@ def desired_spec(state: ClusterState, node: str) -> JsonDict | None:
     names: set[str] = set()
     for gpu in sorted(report.gpus, key=lambda g: g.index):
         name = dra_device_name(gpu.uuid)
-        if len(gpu.uuid) > ATTRIBUTE_MAX or name in names:
+        if len(gpu.uuid.encode()) > ATTRIBUTE_MAX or name in names:
             log.warning("node %s: gpu %d's uuid %r cannot name a device of its own: left out",
                         node, gpu.index, gpu.uuid[:80])  # fmt: skip
             continue
@@ -96,7 +101,7 @@ def desired_spec(state: ClusterState, node: str) -> JsonDict | None:
         for key, value in (("model", gpu.model), ("vendor", gpu.vendor or report.agent.backend),
                            ("rack", rack)):  # fmt: skip
             if value:
-                attributes[key] = {"string": value[:ATTRIBUTE_MAX]}
+                attributes[key] = {"string": _cut(value)}
         device: JsonDict = {"name": name, "attributes": attributes}
         total = gpu.memory_total_mib
         blocks = int(total // block) if total is not None and math.isfinite(total) else 0
@@ -189,13 +194,14 @@ class SlicePublisher:
         self.nodes = nodes
         self.view = view
         self.synced = synced
-        self.writes = 0
         self._left: dict[str, tuple[str, Any]] = {}
         """By node: the resourceVersion of the slice as our last write left it, and what that
         write asked for (the stored slice may lack what the API server does not serve)."""
         self._said_dropped: set[str] = set()
         self._unplugged: dict[str, float] = {}
         """By node: since when its agent has said it serves no registered plugin."""
+        self._next: str | None = None
+        """The node the last round's write cap stopped at."""
 
     async def run(self) -> None:
         """``step`` every ``PERIOD_S``; no error ends the loop."""
@@ -213,13 +219,28 @@ class SlicePublisher:
         if not (self.view.slices_synced and self.synced()):
             return
         if not self.act.leading(self.act.timeout_s):
+            self._unplugged.clear()  # a grace counted while another replica led is not ours
             return
         nodes = self.nodes()
         writes = 0
-        for node, obj in nodes.items():
+        # Each round starts where the last one's cap stopped it, so that no node waits on
+        # the ones before it in the list forever.
+        order = sorted(nodes)
+        if self._next is not None:
+            at = next((i for i, n in enumerate(order) if n >= self._next), 0)
+            order = order[at:] + order[:at]
+        self._next = None
+        for node in order:
             if writes >= MAX_WRITES:
+                self._next = node
                 break
-            have = self.view.of_node(node)
+            obj = nodes[node]
+            slices = self.view.slices_of(node)
+            for extra in slices[1:]:  # made by a create whose answer never came back
+                if writes < MAX_WRITES:
+                    await self._delete(node, extra, "a second slice of the node")
+                    writes += 1
+            have = slices[0] if slices else None
             spec = desired_spec(self.state, node)
             if spec is None:
                 # A node not heard of since this replica started keeps its slice until its
@@ -227,7 +248,7 @@ class SlicePublisher:
                 if have is not None and self.state.store.get(node) is not None:
                     since = self._unplugged.setdefault(node, self.state.clock.monotonic())
                     if self.state.clock.monotonic() - since >= UNPLUGGED_GRACE_S:
-                        await self._delete(node, have)
+                        await self._delete(node, have, f"{node} serves no DRA plugin now")
                         writes += 1
                 continue
             self._unplugged.pop(node, None)
@@ -243,10 +264,15 @@ class SlicePublisher:
                 continue  # as it should be, or as our last write of the same spec left it
             await self._write(node, spec, have, obj)
             writes += 1
-        for node, have in list(self.view.ours().items()):
-            if node not in nodes and writes < MAX_WRITES:
-                await self._delete(node, have)  # its Node is gone (the collector may lag)
-                writes += 1
+        for node in self.view.nodes():
+            if node in nodes:
+                continue
+            for have in self.view.slices_of(node):
+                if writes < MAX_WRITES:  # its Node is gone (the garbage collector may lag)
+                    await self._delete(node, have, f"node {node} is gone")
+                    writes += 1
+            if not self.view.slices_of(node):
+                self.view.forget_node(node)
 
     def _may_create(self, node: str) -> bool:
         """A new slice needs a fresh report, received after any deletion of the last one."""
@@ -277,7 +303,6 @@ class SlicePublisher:
         body = {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
                 "spec": sent}  # fmt: skip
         kube = self.act.kube
-        seen = self.view.events
         what = f"resourceslice of {node}"
         try:
             if have is None:
@@ -292,9 +317,8 @@ class SlicePublisher:
             else:
                 log.warning("%s not written: %s", what, exc)
             return
-        if self.view.events == seen:  # else the watch has said something newer already
-            self.view.slice_event("ADDED", out)
-        self.writes += 1
+        self.view.written(have, out)
+        self.act.metrics.slice_writes.labels("create" if have is None else "replace").inc()
         self._left[node] = (str(out["metadata"].get("resourceVersion")), _essence(spec))
         dropped = _essence(out.get("spec") or {}) != _essence(sent)
         if dropped and node not in self._said_dropped:
@@ -310,7 +334,7 @@ class SlicePublisher:
         log.info("%s: %d devices%s", what, len(spec["devices"]),
                  f", tainted {' '.join(taints)}" if taints else "")  # fmt: skip
 
-    async def _delete(self, node: str, have: JsonDict) -> None:
+    async def _delete(self, node: str, have: JsonDict, why: str) -> None:
         meta = have.get("metadata") or {}
         name = str(meta.get("name", ""))
         try:
@@ -323,6 +347,8 @@ class SlicePublisher:
                 log.warning("resourceslice %s not deleted: %s", name, exc)
                 return
         self.view.slice_event("DELETED", have)
-        self._left.pop(node, None)
-        self._unplugged.pop(node, None)
-        log.info("resourceslice %s deleted: %s serves no DRA plugin now", name, node)
+        if self.view.of_node(node) is None:
+            self._left.pop(node, None)
+            self._unplugged.pop(node, None)
+        self.act.metrics.slice_writes.labels("delete").inc()
+        log.info("resourceslice %s deleted: %s", name, why)

@@ -53,6 +53,15 @@ def test_a_lost_gpu_reads_as_lost_and_the_others_still_read() -> None:
     assert gone.lost and gone.uuid == "GPU-c"
 
 
+def test_a_lost_amd_gpu_keeps_the_uuid_it_last_read_with() -> None:
+    gpu = FakeAmdGpu("GPU-a")
+    b = backend(gpu)
+    assert b.read(0).uuid == "GPU-a"
+    gpu.lost = True
+    gone = b.read(0)
+    assert gone.lost and gone.uuid == "GPU-a"
+
+
 def test_power_caps_are_set_in_microwatts_within_the_boards_range() -> None:
     gpu = FakeAmdGpu("GPU-a")
     b = backend(gpu)

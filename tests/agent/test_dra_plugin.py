@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -119,17 +120,24 @@ async def test_a_shared_claim_gets_its_memory_limit_and_share_id(served):
     assert "EDGEGPU_MEM_LIMIT_MIB=8192" in spec["devices"][0]["containerEdits"]["env"]
 
 
+async def _prepare(
+    extenders: Extenders, channel: grpc.aio.Channel, claim: AllocatedClaim
+) -> dra_pb2.NodePrepareResourcesResponse:
+    """``claim`` listed by the extenders, and kubelet asking to prepare it."""
+    assert extenders.claims is not None
+    extenders.claims[claim.uid] = claim
+    stub = dra_pb2_grpc.DRAPluginStub(channel)
+    return await stub.NodePrepareResources(
+        dra_pb2.NodePrepareResourcesRequest(claims=[_claim(claim)])
+    )
+
+
 async def test_an_amd_or_intel_gpu_is_given_by_its_device_nodes(served, tmp_path):
     server, extenders, channel = served
     claim = AllocatedClaim(
         "c-amd", "ml", "x", (ClaimDevice("gpu", "edge-1", "gpu-2", "GPU-cccc", None),)
     )
-    assert extenders.claims is not None
-    extenders.claims[claim.uid] = claim
-    stub = dra_pb2_grpc.DRAPluginStub(channel)
-    out = await stub.NodePrepareResources(
-        dra_pb2.NodePrepareResourcesRequest(claims=[_claim(claim)])
-    )
+    out = await _prepare(extenders, channel, claim)
     assert out.claims["c-amd"].error == ""
     edits = json.loads(server.plugin.spec_path("c-amd").read_text())["devices"][0]["containerEdits"]
     assert edits["deviceNodes"] == [{"path": "/dev/dri/card1"}, {"path": "/dev/dri/renderD129"}]
@@ -225,9 +233,11 @@ def test_the_agent_refuses_to_serve_both_dialects(monkeypatch):
 
 async def test_kubelet_hears_each_gpus_health_at_once_and_each_change(tmp_path):
     health = {"GPU-AAAA": (True, ""), "GPU-bbbb": (False, "xid:79")}
+    sampled = [time.time()]
     plugin = DraPlugin(Extenders(), tmp_path / "cdi")
-    server = DraServer(plugin, tmp_path / "reg", poll_s=0.05,
-                       health=DeviceHealth("edge-1", lambda: dict(health), poll_s=0.02))  # fmt: skip
+    watched = DeviceHealth("edge-1", lambda: (sampled[0], dict(health)), poll_s=0.02,
+                           period_s=0.1)  # fmt: skip
+    server = DraServer(plugin, tmp_path / "reg", poll_s=0.05, health=watched)
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
     try:
@@ -254,34 +264,42 @@ async def test_kubelet_hears_each_gpus_health_at_once_and_each_change(tmp_path):
             changed = await asyncio.wait_for(stream.read(), 5)
             assert changed.devices[0].health == health_pb2.UNHEALTHY
             assert changed.devices[0].message == "ecc:dbe"
+            # The agent stops sampling: what is sent again keeps its sample's time, so kubelet
+            # reads Unknown once it is older than the timeout (not a stale Healthy).
+            sampled[0] = time.time() - 3600
+            again = await asyncio.wait_for(stream.read(), 5)
+            assert all(d.last_updated_time <= sampled[0] + 1 for d in again.devices)
             stream.cancel()
     finally:
         stop.set()
         await task
 
 
-async def test_each_request_of_a_claim_is_its_own_cdi_device_for_the_containers_naming_it(served):
+async def test_a_request_of_two_gpus_is_one_cdi_device_naming_both(served):
     server, extenders, channel = served
     claim = AllocatedClaim("c-two", "ml", "pair", (
         ClaimDevice("train/large", "edge-1", "gpu-a", "GPU-aaaa", None),
         ClaimDevice("train/large", "edge-1", "gpu-b", "GPU-bbbb", None),
-        ClaimDevice("infer", "edge-1", "gpu-c", "GPU-cccc", 4096),
     ))  # fmt: skip
-    assert extenders.claims is not None
-    extenders.claims[claim.uid] = claim
-    stub = dra_pb2_grpc.DRAPluginStub(channel)
-    out = await stub.NodePrepareResources(
-        dra_pb2.NodePrepareResourcesRequest(claims=[_claim(claim)])
-    )
+    out = await _prepare(extenders, channel, claim)
     devices = out.claims["c-two"].devices
     # A subrequest of firstAvailable is named by its request, as the containers name it.
-    assert [list(d.request_names) for d in devices] == [["train"], ["train"], ["infer"]]
-    assert [list(d.cdi_device_ids) for d in devices] == [
-        ["edgegpu.io/gpu=c-two-train"], [], ["edgegpu.io/gpu=c-two-infer"]]  # fmt: skip
+    assert [list(d.request_names) for d in devices] == [["train"], ["train"]]
+    assert [list(d.cdi_device_ids) for d in devices] == [["edgegpu.io/gpu=c-two-train"], []]
     spec = json.loads(server.plugin.spec_path("c-two").read_text())
-    envs = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in envs["c-two-train"]
-    assert "EDGEGPU_MEM_LIMIT_MIB=4096" in envs["c-two-infer"]
+    (cdi,) = spec["devices"]
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in cdi["containerEdits"]["env"]
+
+
+async def test_a_claim_of_two_requests_is_refused_as_one_variable_cannot_list_both(served):
+    server, extenders, channel = served
+    claim = AllocatedClaim("c-mix", "ml", "mix", (
+        ClaimDevice("train", "edge-1", "gpu-a", "GPU-aaaa", None),
+        ClaimDevice("infer", "edge-1", "gpu-c", "GPU-cccc", 4096),
+    ))  # fmt: skip
+    out = await _prepare(extenders, channel, claim)
+    assert "more than one request" in out.claims["c-mix"].error
+    assert not server.plugin.spec_path("c-mix").exists()
 
 
 async def test_a_claim_naming_a_gpu_this_node_has_not_is_not_prepared(tmp_path):

@@ -63,6 +63,15 @@ def test_a_gpu_lost_mid_run_affects_that_gpu_only():
     assert b.read(0).uuid == "GPU-a" and not b.read(0).lost
 
 
+def test_a_lost_gpu_keeps_the_uuid_it_last_read_with_so_its_claims_and_pods_stay_its():
+    fake = FakePynvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
+    b = backend(fake)
+    assert b.read(1).uuid == "GPU-b"
+    fake.gpus[1].lost = True
+    gone = b.read(1)
+    assert gone.lost and gone.uuid == "GPU-b"
+
+
 def test_xid_events_are_drained_without_blocking():
     fake = FakePynvml([FakeGpu(), FakeGpu()])
     b = backend(fake)

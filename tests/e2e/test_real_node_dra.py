@@ -354,6 +354,24 @@ def test_a_claim_that_would_tolerate_the_gpu_taints_is_refused_outside_trusted_n
     resp = cluster.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
                               json=claim)  # fmt: skip
     assert resp.status_code in (403, 422), resp.text
+    # Two requests of ours in one claim: a container naming the whole claim would see one's GPUs.
+    two = {**claim, "metadata": {"name": "two", "namespace": ns},
+           "spec": {"devices": {"requests": [
+               {"name": n, "exactly": {"deviceClassName": DRIVER}} for n in ("a", "b")]}}}  # fmt: skip
+    resp = cluster.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                              json=two)  # fmt: skip
+    assert resp.status_code in (403, 422) and "at most one request" in resp.text, resp.text
+    # The same claim in a beta version is converted to v1 and checked as it would be there.
+    beta = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+            "metadata": {"name": "c-beta", "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": DRIVER,
+                                               "tolerations": hot}]}}}  # fmt: skip
+    resp = cluster.cp.request(
+        "POST", f"/apis/resource.k8s.io/v1beta1/namespaces/{ns}/resourceclaims", json=beta
+    )
+    if resp.status_code != 404:  # served where resource.k8s.io/v1beta1 is on
+        assert resp.status_code in (403, 422), resp.text
+        assert "may not tolerate its taints" in resp.text, resp.text
     # A namespace the operator trusts with them.
     resp = cluster.cp.request("PATCH", f"/api/v1/namespaces/{ns}",
                               content='{"metadata":{"labels":{"edgegpu.io/gpu-taints":"tolerated"}}}',

@@ -112,13 +112,14 @@ def test_a_device_is_named_after_its_gpus_uuid_as_a_dns_label():
 
 
 async def test_a_gpu_of_one_block_is_offered_whole_and_long_texts_are_cut(client, app, clock):
-    one = gpu(0, memory_total_mib=7600.0, model="NVIDIA Jetson AGX Orin " + "x" * 80)
+    one = gpu(0, memory_total_mib=7600.0, model="NVIDIA Jetson AGX Orin " + "é" * 80)
     await _state(client, clock, registered("a", [one]))
     (device,) = _devices(app, "a").values()
     # min + step must fit in the capacity: with one block there is nothing to share.
     assert device["capacity"] == {"memory": {"value": "4Gi"}}
     assert "allowMultipleAllocations" not in device
-    assert len(device["attributes"]["model"]["string"]) == 64
+    # The API server counts bytes: 64 of UTF-8, no character split.
+    assert len(device["attributes"]["model"]["string"].encode()) == 63
 
 
 def test_quantities_are_written_as_the_api_server_writes_them_back():
@@ -157,6 +158,39 @@ def _slice(node: str, devices: list[dict[str, Any]], **labels: str) -> dict[str,
                      "pool": {"name": node, "resourceSliceCount": 1}, "devices": devices}}  # fmt: skip
 
 
+def test_a_node_with_two_slices_of_ours_keeps_the_oldest_until_the_other_goes():
+    view = DraView()
+    old = _slice("a", [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}}])
+    old["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    new = {**_slice("a", []), "metadata": {**old["metadata"], "name": "a-gpu.edgegpu.io-x2",
+                                           "creationTimestamp": "2026-12-01T10:00:05Z"}}  # fmt: skip
+    view.replace_slices([new, old])
+    assert [s["metadata"]["name"] for s in view.slices_of("a")] == [
+        "a-gpu.edgegpu.io-x1", "a-gpu.edgegpu.io-x2"]  # fmt: skip
+    view.slice_event("DELETED", new)
+    assert view.of_node("a") is old and "a" not in view.deleted_at
+    view.slice_event("DELETED", old)
+    assert view.of_node("a") is None and "a" in view.deleted_at
+
+
+def test_a_write_answer_is_kept_unless_the_watch_showed_a_newer_slice():
+    view = DraView()
+    created = _slice("a", [])
+    created["metadata"]["resourceVersion"] = "5"
+    view.written(None, created)  # the watch has not shown the create yet
+    assert view.of_node("a") is created
+    newer = {**created, "metadata": {**created["metadata"], "resourceVersion": "7"}}
+    view.slice_event("MODIFIED", newer)
+    view.written(None, created)  # a create's answer the watch has overtaken is not stored
+    assert view.of_node("a") is newer
+    stale = {**created, "metadata": {**created["metadata"], "resourceVersion": "6"}}
+    view.written(created, stale)  # a replace of rv 5 answered after the watch showed rv 7
+    assert view.of_node("a") is newer
+    latest = {**created, "metadata": {**created["metadata"], "resourceVersion": "8"}}
+    view.written(newer, latest)
+    assert view.of_node("a") is latest
+
+
 def test_only_the_slices_the_leader_made_are_taken_for_ours():
     view = DraView()
     device = [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-evil"}}}]
@@ -184,10 +218,26 @@ def test_a_claim_allocated_our_device_is_kept_with_its_memory_and_share():
 def test_claims_of_other_drivers_or_not_allocated_are_not_ours():
     assert claim_of(_claim("u1", [_result("gpu-0", driver="gpu.nvidia.com")])) is None
     assert claim_of({"metadata": {"uid": "u2"}, "status": {}}) is None
-    # Admin access (monitoring) holds no GPU; a pool not the node the claim is usable on
-    # (a slice some node made under our driver's name) is not ours.
-    assert claim_of(_claim("u3", [_result("gpu-0", adminAccess=True)])) is None
+    # A pool not the node the claim is usable on (a slice some node made under our driver's
+    # name) is not ours.
     assert claim_of(_claim("u4", [_result("gpu-0", pool="a")], node="b")) is None
+
+
+def test_an_admin_access_claim_is_told_to_its_node_and_holds_no_gpu(app):
+    view = _view_with("a", [_claim("u1", [_result("gpu-0", adminAccess=True)])])
+    # kubelet prepares it like any claim (a monitoring pod sees the GPU)...
+    assert [d["device"] for c in view.claims_on("a") for d in c["devices"]] == ["gpu-0"]
+    # ...but it takes none of the GPU from the pods that hold it.
+    assert assignment_from_claims(_claim_pod("claim-u1"), view, app.state.ctx.state) is None
+
+
+def test_a_claim_keeps_its_gpu_while_kubelet_wipes_and_remakes_the_slice(app):
+    view = _view_with("a", [_claim("u1", [_result("gpu-1")])])
+    pod = _claim_pod("claim-u1")
+    view.replace_slices([])  # kubelet's start deletes the node's slices
+    found = assignment_from_claims(pod, view, app.state.ctx.state)
+    assert found is not None and found.gpu_uuids == ("GPU-bbbb",)
+    assert view.claims_on("a")[0]["devices"][0]["uuid"] == "GPU-bbbb"
 
 
 def test_a_node_is_told_its_claims_with_the_gpu_uuid_its_slice_gives_each_device():

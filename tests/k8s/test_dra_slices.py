@@ -193,3 +193,64 @@ async def test_a_slice_someone_made_for_a_node_under_our_name_is_not_taken_for_o
             if s["metadata"].get("labels", {}).get("app.kubernetes.io/managed-by") == "edgegpu"]  # fmt: skip
     assert len(ours) == 1 and len(fleet.slices()) == 2
     assert fleet.view.gpu_uuid("a", "gpu-0") is None
+
+
+async def test_a_second_slice_of_a_node_is_deleted_and_the_first_kept(kube, kubeconfig):
+    fleet = Fleet(kube, kubeconfig, "a")
+    fleet.push("a")
+    await fleet.step()
+    first = fleet.only()
+    # A create whose answer was lost (a timeout) and made again: two slices in one pool.
+    extra = {**first, "metadata": {**first["metadata"], "name": "a-gpu.edgegpu.io-zz",
+                                   "uid": "extra", "creationTimestamp": "2026-12-02T10:00:09Z"}}  # fmt: skip
+    extra["metadata"].pop("resourceVersion", None)
+    kube.put("resourceslices", extra)
+    await fleet.step()
+    assert fleet.only()["metadata"]["name"] == first["metadata"]["name"]
+
+
+async def test_a_created_slice_the_watch_has_not_shown_yet_is_not_made_again(kube, kubeconfig):
+    fleet = Fleet(kube, kubeconfig, "a")
+    fleet.push("a")
+    fleet.watch()
+    assert fleet.remediator.slices is not None
+    for _ in range(3):  # the watch lags: only the create's answer says the slice is there
+        fleet.clock.advance(2)
+        fleet.push("a")
+        await fleet.remediator.slices.step()
+    assert len(fleet.slices()) == 1
+
+
+async def test_the_write_cap_reaches_every_node_across_rounds(kube, kubeconfig, monkeypatch):
+    monkeypatch.setattr("scheduler_extender.remediation.slices.MAX_WRITES", 1)
+    fleet = Fleet(kube, kubeconfig, "a", "b")
+    fleet.push("a", temperature_c=91.0)
+    fleet.push("b")
+    await fleet.step()
+    for _ in range(2):
+        # Someone keeps lifting a's taint: a needs a write every round, and b still gets one.
+        live = next(x for x in fleet.slices() if x["spec"]["nodeName"] == "a")
+        live["spec"]["devices"][0].pop("taints", None)
+        kube.put("resourceslices", live)
+        await fleet.step()
+    assert sorted(s["spec"]["nodeName"] for s in fleet.slices()) == ["a", "b"]
+
+
+async def test_a_grace_counted_while_another_replica_led_starts_again(kube, kubeconfig):
+    fleet = Fleet(kube, kubeconfig, "a")
+    fleet.push("a")
+    await fleet.step()
+    fleet.push("a", registered=False)
+    await fleet.step()  # the plugin's grace starts here
+    fleet.clock.advance(20)
+    fleet.leading = False
+    await fleet.step()
+    fleet.clock.advance(20)
+    fleet.leading = True
+    fleet.push("a", registered=False)
+    await fleet.step()  # leading again: the grace starts again, not 40 s old
+    assert len(fleet.slices()) == 1
+    fleet.clock.advance(30)
+    fleet.push("a", registered=False)
+    await fleet.step()
+    assert fleet.slices() == []
