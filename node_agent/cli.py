@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import ssl
 import sys
@@ -214,7 +215,11 @@ async def _run(
                     agent.blocks.gpu_uuids,
                 ),
                 settings.kubelet_registry_dir,
-                health=DeviceHealth(settings.node_name, agent.blocks.device_health),
+                health=DeviceHealth(
+                    settings.node_name,
+                    agent.blocks.device_health,
+                    timeout_s=max(30, math.ceil(3 * settings.interval_s)),
+                ),
             )
             server_now = dra_server
             agent.reporter.dra_registered = lambda: server_now.registered

@@ -105,6 +105,9 @@ class PodDemand:
     """Host CPU the pod requests (millicores), as kube-scheduler counts it."""
     host_memory_mib: int = 0
     """Host memory the pod requests (MiB)."""
+    through_claims: bool = False
+    """The GPUs are asked through ResourceClaims of our DRA driver: the scheduler allocates
+    which, and bind records none."""
 
     @property
     def wants_gpu(self) -> bool:

@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 CHART = ROOT / "charts" / "edgegpu"
 NAMESPACE = "edgegpu-system"
+SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:v1.34.2"
+SCHEDULER_IMAGE_DRA = "registry.k8s.io/kube-scheduler:v1.36.3"
+"""The second scheduler's image with the DRA driver (overlays/dra/ patches it in)."""
 AGENT_NODES = (
     ("feature.node.kubernetes.io/pci-10de.present", "true"),  # NFD: an NVIDIA PCI device
     ("nvidia.com/gpu.present", "true"),  # the GPU Operator's feature discovery
@@ -66,7 +69,7 @@ def _values() -> dict[str, Any]:
         },
         "scheduler": {
             "enabled": True,
-            "image": "registry.k8s.io/kube-scheduler:v1.34.2",
+            "image": "",
             "replicas": 2,
         },
         "nodeAgent": {
@@ -136,7 +139,7 @@ def _values_schema() -> dict[str, Any]:
         "title": "edgegpu chart values",
         **_object({
             "extender": _object({"image": image, "replicas": replicas}),
-            "scheduler": _object({"enabled": {"type": "boolean"}, "image": image,
+            "scheduler": _object({"enabled": {"type": "boolean"}, "image": {"type": "string"},
                                   "replicas": replicas}),
             "nodeAgent": _object({
                 "image": image,
@@ -188,7 +191,9 @@ _COMMENTS = {
     "# PodMonitors and the PrometheusRule: kube-prometheus-stack selects only those labelled\n"
     "# release: <its release name>.",
     "scheduler:": "# The second kube-scheduler (schedulerName: edgegpu-scheduler). enabled: false "
-    "when your\n# own scheduler calls the extender (docs/install.md).",
+    "when your\n# own scheduler calls the extender (docs/install.md). image: empty is"
+    f"\n# {SCHEDULER_IMAGE}, or with dra.enabled {SCHEDULER_IMAGE_DRA}\n# (its allocator "
+    "honours device taints and shared memory); match your control plane's minor.",
     "nodeAgent:": "# The DaemonSet on GPU nodes. backend: nvml, amd, intel, jetson or simulated. "
     "KubeEdge edge\n# nodes are tainted: the default toleration takes every taint. "
     "powerControl: false and\n# privileged: false run the agent read-only (it reports, "
@@ -230,8 +235,9 @@ _SUBSTITUTIONS = (
     ),
     Value(
         "scheduler/deployment.yaml",
-        "image: registry.k8s.io/kube-scheduler:v1.34.2\n",
-        "image: {{ .Values.scheduler.image | quote }}\n",
+        f"image: {SCHEDULER_IMAGE}\n",
+        "image: {{ .Values.scheduler.image | default (ternary "
+        f'"{SCHEDULER_IMAGE_DRA}" "{SCHEDULER_IMAGE}" .Values.dra.enabled) | quote }}}}\n',
     ),
     Value(
         "node-agent/daemonset.yaml",

@@ -162,9 +162,8 @@ class NvmlBackend:
         nv = self._nv
         h = self._handles[index]
         try:
-            uuid = self._field(nv.nvmlDeviceGetUUID, h) or self._uuids.get(
-                index, f"GPU-index-{index}"
-            )
+            read = self._field(nv.nvmlDeviceGetUUID, h)
+            uuid = read or self._uuids.get(index, f"GPU-index-{index}")
             name = self._field(nv.nvmlDeviceGetName, h)
             temp = self._field(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             power_mw = self._field(nv.nvmlDeviceGetPowerUsage, h)
@@ -189,7 +188,8 @@ class NvmlBackend:
             log.error("gpu %d is lost: %s", index, exc)
             uuid = self._uuids.get(index, f"GPU-index-{index}")
             return GpuReading(index=index, uuid=uuid, vendor="nvidia", lost=True)
-        self._uuids[index] = _text(uuid)
+        if read:
+            self._uuids[index] = _text(read)
         return GpuReading(
             vendor="nvidia",
             index=index,

@@ -36,8 +36,14 @@ class DeviceHealth(health_pb2_grpc.DRAResourceHealthServicer):
         *,
         poll_s: float = 1.0,
         period_s: float = PERIOD_S,
+        timeout_s: int = TIMEOUT_S,
     ) -> None:
+        """``timeout_s``: how old a sample may be before kubelet reads Unknown.
+
+        A few of the agent's sampling intervals.
+        """
         self.pool = pool
+        self.timeout_s = timeout_s
         self._health = health
         self._poll_s = poll_s
         self._period_s = period_s
@@ -53,7 +59,7 @@ class DeviceHealth(health_pb2_grpc.DRAResourceHealthServicer):
                     ),
                     health=health_pb2.HEALTHY if ok else health_pb2.UNHEALTHY,
                     last_updated_time=stamp,
-                    health_check_timeout_seconds=TIMEOUT_S,
+                    health_check_timeout_seconds=self.timeout_s,
                     message=why,
                 )
                 for uuid, (ok, why) in sorted(now.items())

@@ -7,6 +7,7 @@ API server where the watch has not seen the pod yet, and the binder.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -90,11 +91,21 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
         result, error = demand
         ctx.metrics.binds.labels(result).inc()
         return wire.encode_binding_result(error)
+    claims = demand.through_claims
+    if claims or not demand.wants_gpu:
+        # kube-scheduler allocated a claim pod's GPUs and wrote them into its claims before it
+        # asked to bind: bound as a pod without GPUs, it holds the ones its claims say. What a
+        # filter reserved for it is let go, never written on the pod.
+        if ctx.state.reserved(demand.uid):
+            ctx.state.release(demand.uid)
+        demand = dataclasses.replace(demand, whole_gpus=0, mem_blocks=0)
     try:
         assignment, why = choose_assignment(ctx, demand, args.node)
         if assignment is None:
             ctx.metrics.binds.labels("no_fit").inc()
             return wire.encode_binding_result(f"edgegpu: {why}")
+        if claims:  # a retry may find the GPUs its claims hold: they are not the Binding's
+            assignment = dataclasses.replace(assignment, gpu_indices=(), gpu_uuids=())
         gpus = ", ".join(
             f"{i} ({u})" if u else str(i)
             for i, u in zip(assignment.gpu_indices, assignment.gpu_uuids, strict=True)
@@ -126,7 +137,8 @@ async def bind_verb(ctx: AppContext, body: bytes) -> bytes:
         log.info("bound %s/%s to %s gpu %s", args.pod_namespace, args.pod_name, args.node, gpus)
         return wire.encode_binding_result("")
     except Exception as exc:
-        ctx.state.release(demand.uid)
+        if not claims or ctx.state.reserved(demand.uid):
+            ctx.state.release(demand.uid)
         ctx.metrics.binds.labels("failed").inc()
         log.exception("bind: internal error")
         return wire.encode_binding_result(f"edgegpu: internal error ({type(exc).__name__})")

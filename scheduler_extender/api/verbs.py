@@ -39,11 +39,30 @@ def log_refused(verb: str, exc: Exception, level: int = logging.INFO) -> None:
 
 def read_demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
     """What the pod asks for, kept so that bind (which gets only the pod's name) knows it."""
-    demand = translate.pod_demand(
-        pod, ctx.state.policy.spec.qos, ctx.state.policy.spec.whole_gpu_resources
-    )
+    demand = pod_demand(ctx, pod)
     ctx.state.remember_demand(demand)
     return demand
+
+
+def pod_demand(ctx: AppContext, pod: dict[str, Any]) -> PodDemand:
+    """What the pod asks for: extended resources, or the ResourceClaims of our DRA driver."""
+    spec = ctx.state.policy.spec
+    demand = translate.pod_demand(pod, spec.qos, spec.whole_gpu_resources)
+    dra = ctx.sync.dra if ctx.sync is not None else None
+    if demand.wants_gpu or dra is None:
+        return demand
+    wants = dra.wants_of(pod)
+    if not wants:
+        # Allocated already (kube-scheduler writes the allocation before it asks to bind): the
+        # claims say which GPUs the pod holds.
+        return dataclasses.replace(demand, through_claims=True) if dra.claims_of(pod) else demand
+    block = spec.memory.block_mib
+    shared = [w for w in wants if w.memory_mib is not None and w.count == 1]
+    if len(shared) == 1 == len(wants):
+        # Part of one GPU's memory, in whole blocks (as the slice's requestPolicy rounds it).
+        blocks = -(-(shared[0].memory_mib or 0) // block)
+        return dataclasses.replace(demand, mem_blocks=max(blocks, 1), through_claims=True)
+    return dataclasses.replace(demand, whole_gpus=sum(w.count for w in wants), through_claims=True)
 
 
 def filter_verb(ctx: AppContext, body: bytes) -> bytes:
@@ -256,9 +275,7 @@ def choose_assignment(
 def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
     """``POST /debug/explain``: every node's verdict, reason and score terms, raw and weighted."""
     args = wire.parse_extender_args(body, "explain")
-    demand = translate.pod_demand(
-        args.pod, ctx.state.policy.spec.qos, ctx.state.policy.spec.whole_gpu_resources
-    )
+    demand = pod_demand(ctx, args.pod)
     names = args.candidates()
     ev = ctx.state.evaluate(names, demand, args.labels())
     total_weight = sum(ev.weights) or 1.0
@@ -292,6 +309,7 @@ def explain(ctx: AppContext, body: bytes) -> dict[str, Any]:
             "qos": demand.qos.wire,
             "mem_blocks": demand.mem_blocks,
             "whole_gpus": demand.whole_gpus,
+            "through_claims": demand.through_claims,
             "group": demand.group,
         },
         "formula": (

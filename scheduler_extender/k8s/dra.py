@@ -26,12 +26,13 @@ _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 def mib_of(quantity: object) -> int | None:
     """A memory quantity (``8Gi``, ``4096Mi``, ``8589934592``) in whole MiB; None if not one."""
-    match = _QUANTITY.fullmatch(str(quantity).strip())
+    text = str(quantity).strip()
+    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
     if match is None:
         return None
     number, suffix = match.groups()
-    mib = int(float(number) * _BYTES.get(suffix or "", 1) / 2**20)
-    return mib if 0 < mib < 2**40 else None
+    value = float(number) * _BYTES.get(suffix or "", 1) / 2**20
+    return int(value) if 0 < value < 2**40 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,55 @@ class Claim:
     devices: tuple[ClaimDevice, ...]
     reserved_for: tuple[str, ...]
     """The pod uids it is reserved for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWant:
+    """What a claim's request of our driver asks: a count of GPUs, or memory of one."""
+
+    count: int
+    memory_mib: int | None
+    """None: whole GPUs."""
+
+
+MAX_COUNT = 64
+
+
+def want_of(obj: JsonDict) -> ClaimWant | None:
+    """What the claim asks of our driver (its request of ``gpu.edgegpu.io``); None if nothing.
+
+    A ``firstAvailable`` request is read by its first subrequest of ours, the one the scheduler
+    tries first. Admin access holds no GPU; ``allocationMode: All`` is weighed as one whole GPU
+    at least. Part of one GPU's memory is one request of one device with a memory capacity;
+    anything more is whole GPUs, all requests of ours added up.
+    """
+    found: list[tuple[int, int | None]] = []
+    requests = ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for r in requests if isinstance(requests, list) else []:
+        if not isinstance(r, dict):
+            continue
+        exact = r.get("exactly")
+        if not isinstance(exact, dict):
+            first = r.get("firstAvailable")
+            exact = next((s for s in first if isinstance(s, dict)
+                          and s.get("deviceClassName") == DRA_DRIVER), None) if isinstance(
+                first, list) else None  # fmt: skip
+        if not isinstance(exact, dict) or exact.get("deviceClassName") != DRA_DRIVER:
+            continue
+        if exact.get("adminAccess") is True:
+            continue
+        count = 1 if exact.get("allocationMode") == "All" else exact.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_COUNT:
+            count = 1  # the API server validates it; a whole GPU at least
+        capacity = exact.get("capacity")
+        asked = capacity.get("requests") if isinstance(capacity, dict) else None
+        memory = asked.get(DRA_MEMORY_CAPACITY) if isinstance(asked, dict) else None
+        found.append((count, mib_of(memory) if memory is not None else None))
+    if not found:
+        return None
+    if len(found) == 1 and found[0][0] == 1 and found[0][1] is not None:
+        return ClaimWant(1, found[0][1])
+    return ClaimWant(min(sum(c for c, _ in found), MAX_COUNT), None)
 
 
 def claim_of(obj: JsonDict) -> Claim | None:
@@ -111,6 +161,19 @@ def _allocated_node(status: JsonDict) -> str | None:
     return None
 
 
+def _claim_names(pod: JsonDict) -> tuple[str, list[str]]:
+    """The pod's namespace and the names of its claims (a template's from the pod's status)."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    spec = pod.get("spec") or {}
+    names = [str(r["resourceClaimName"]) for r in spec.get("resourceClaims") or []
+             if isinstance(r, dict) and r.get("resourceClaimName")]  # fmt: skip
+    names += [str(s["resourceClaimName"])
+              for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+              if isinstance(s, dict) and s.get("resourceClaimName")]  # fmt: skip
+    return namespace, list(dict.fromkeys(names))
+
+
 DRA_MANAGED_BY = "edgegpu"
 """``app.kubernetes.io/managed-by`` of the slices the leader publishes."""
 
@@ -146,6 +209,12 @@ class DraView:
         self._devices: dict[tuple[str, str], JsonDict] = {}
         """The last device of each name a slice of ours said, by (node, device): a device is
         named after its GPU's uuid, so what it says of the GPU outlives a wiped slice."""
+        self._gone: set[str] = set()
+        """Names of our slices the watch showed deleted since the last relist (a create's
+        answer handled after its deletion is not put back)."""
+        self.orphans: dict[str, JsonDict] = {}
+        """Slices of ours edited to look like none of ours, as they are now, by name: still
+        publishing the node's GPUs, without what we keep in them (the publisher deletes them)."""
         self.slices_synced = False
         self.deleted_at: dict[str, float] = {}
         """By node: when its last slice of ours was seen deleted."""
@@ -153,12 +222,14 @@ class DraView:
         self.claims_synced = False
         self._named: dict[tuple[str, str], str] = {}
         """Claim uids by (namespace, name)."""
+        self._wants: dict[tuple[str, str], ClaimWant] = {}
+        """What each claim of our driver not allocated yet asks, by (namespace, name)."""
 
     # -- slices ---------------------------------------------------------------------------------
     def replace_slices(self, items: list[JsonDict]) -> None:
         """A relist of our driver's slices."""
         before = set(self._by_node)
-        self.slices, self._by_node = {}, {}
+        self.slices, self._by_node, self._gone = {}, {}, set()
         for s in items:
             self.slice_event("ADDED", s)
         for node in before - set(self._by_node):
@@ -167,13 +238,31 @@ class DraView:
 
     def slice_event(self, kind: str, obj: JsonDict) -> None:
         """One watch event on a slice."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
         node = _ours(obj)
         if node is None:
-            return
-        name = str(obj["metadata"]["name"])
+            if name in self.orphans:
+                if kind == "DELETED":
+                    del self.orphans[name]
+                else:
+                    self.orphans[name] = obj
+                return
+            known = self.slices.get(name)
+            if known is None:
+                return
+            if kind != "DELETED":
+                self.orphans[name] = obj
+            # One of ours no longer looks it (its label or pool edited): gone from our view,
+            # so that it is made again rather than replaced at a version it no longer has.
+            log.warning("resourceslice %s no longer has our label, driver or pool: not ours now",
+                        name)  # fmt: skip
+            kind, obj, node = "DELETED", known, _ours(known)
+            if node is None:
+                return
         names = self._by_node.setdefault(node, set())
         if kind == "DELETED":
             self.slices.pop(name, None)
+            self._gone.add(name)
             names.discard(name)
             if not names:
                 del self._by_node[node]
@@ -181,9 +270,10 @@ class DraView:
             return
         self.slices[name] = obj
         names.add(name)
-        for d in (obj.get("spec") or {}).get("devices") or []:
-            if isinstance(d, dict) and d.get("name"):
-                self._devices[(node, str(d["name"]))] = d
+        if self.of_node(node) is obj:  # the kept one speaks for the node's GPUs
+            for d in (obj.get("spec") or {}).get("devices") or []:
+                if isinstance(d, dict) and d.get("name"):
+                    self._devices[(node, str(d["name"]))] = d
 
     def written(self, sent: JsonDict | None, answer: JsonDict) -> None:
         """Our write's answer, unless the watch has shown something newer of the slice already.
@@ -195,7 +285,7 @@ class DraView:
         name = str(answer["metadata"]["name"])
         stored = self.slices.get(name)
         if sent is None:
-            if stored is None:
+            if stored is None and name not in self._gone:
                 self.slice_event("ADDED", answer)
             return
         if stored is not None and (stored.get("metadata") or {}).get("resourceVersion") == (
@@ -219,6 +309,10 @@ class DraView:
         return list(self._by_node)
 
     def _device(self, node: str, device: str) -> JsonDict | None:
+        """The device as the node's slice says it, else as the last one of ours said it."""
+        for d in ((self.of_node(node) or {}).get("spec") or {}).get("devices") or []:
+            if isinstance(d, dict) and d.get("name") == device:
+                return d
         return self._devices.get((node, device))
 
     def forget_node(self, node: str) -> None:
@@ -250,7 +344,20 @@ class DraView:
         claims = (claim_of(c) for c in items)
         self.claims = {c.uid: c for c in claims if c is not None}
         self._named = {(c.namespace, c.name): c.uid for c in self.claims.values()}
+        self._wants = {}
+        for c in items:
+            self._want_event("ADDED", c)
         self.claims_synced = True
+
+    def _want_event(self, kind: str, obj: JsonDict) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        allocated = (obj.get("status") or {}).get("allocation")
+        want = None if kind == "DELETED" or allocated else want_of(obj)
+        if want is None:
+            self._wants.pop(key, None)
+        else:
+            self._wants[key] = want
 
     def claim_event(self, kind: str, obj: JsonDict) -> None:
         """One watch event on a claim."""
@@ -262,6 +369,7 @@ class DraView:
         if claim is not None:
             self.claims[uid] = claim
             self._named[(claim.namespace, claim.name)] = uid
+        self._want_event(kind, obj)
 
     def claim_named(self, namespace: str, name: str) -> Claim | None:
         """The allocated claim of that name, if it is one of ours."""
@@ -270,16 +378,18 @@ class DraView:
 
     def claims_of(self, pod: JsonDict) -> list[Claim]:
         """The pod's claims that were allocated devices of ours."""
-        meta = pod.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        spec = pod.get("spec") or {}
-        names = [str(r["resourceClaimName"]) for r in spec.get("resourceClaims") or []
-                 if isinstance(r, dict) and r.get("resourceClaimName")]  # fmt: skip
-        names += [str(s["resourceClaimName"])
-                  for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-                  if isinstance(s, dict) and s.get("resourceClaimName")]  # fmt: skip
-        found = (self.claim_named(namespace, n) for n in dict.fromkeys(names))
+        namespace, names = _claim_names(pod)
+        found = (self.claim_named(namespace, n) for n in names)
         return [c for c in found if c is not None]
+
+    def wants_of(self, pod: JsonDict) -> list[ClaimWant]:
+        """What the pod's claims not allocated yet ask of our driver (the scheduler's to place).
+
+        A claim allocated already (shared with a pod placed before) takes no more GPUs.
+        """
+        namespace, names = _claim_names(pod)
+        found = (self._wants.get((namespace, n)) for n in names)
+        return [w for w in found if w is not None]
 
     def claims_on(self, node: str) -> list[dict[str, Any]]:
         """The node's claims as its agent reads them (``/v1/nodes/{node}/claims``)."""

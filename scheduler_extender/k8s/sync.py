@@ -270,6 +270,8 @@ class ClusterSync:
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self.state.forget_node(name)
+            if self.dra is not None:
+                self.dra.forget_node(name)
             return
         previous = self.nodes.get(name)
         self.nodes[name] = node

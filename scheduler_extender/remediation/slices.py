@@ -273,6 +273,10 @@ class SlicePublisher:
                     writes += 1
             if not self.view.slices_of(node):
                 self.view.forget_node(node)
+        for name, orphan in list(self.view.orphans.items()):
+            if writes < MAX_WRITES:
+                await self._delete_orphan(name, orphan)
+                writes += 1
 
     def _may_create(self, node: str) -> bool:
         """A new slice needs a fresh report, received after any deletion of the last one."""
@@ -314,6 +318,8 @@ class SlicePublisher:
         except KubeError as exc:
             if exc.status in (409, 404):  # changed or gone since the watch showed it
                 log.info("%s: %s; the watch will show it again", what, exc)
+                if exc.status == 404 and have is not None:
+                    self.view.slice_event("DELETED", have)
             else:
                 log.warning("%s not written: %s", what, exc)
             return
@@ -334,8 +340,22 @@ class SlicePublisher:
         log.info("%s: %d devices%s", what, len(spec["devices"]),
                  f", tainted {' '.join(taints)}" if taints else "")  # fmt: skip
 
-    async def _delete(self, node: str, have: JsonDict, why: str) -> None:
-        meta = have.get("metadata") or {}
+    async def _delete_orphan(self, name: str, orphan: JsonDict) -> None:
+        """A slice of ours someone edited away from our label, driver or pool."""
+        status = await self._deleted(orphan)
+        if status in (None, 409):  # 409: edited again; the watch shows it again if ours
+            self.view.orphans.pop(name, None)
+        if status is None:
+            log.warning("resourceslice %s deleted: edited to be none of ours, it still "
+                        "published the node's GPUs without the taints the leader keeps in it",
+                        name)  # fmt: skip
+
+    async def _deleted(self, obj: JsonDict) -> int | None:
+        """Delete a slice at its uid and resourceVersion.
+
+        None when it is gone, else the status of the refusal.
+        """
+        meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
         try:
             await self.act.call(
@@ -345,10 +365,16 @@ class SlicePublisher:
         except KubeError as exc:
             if exc.status != 404:
                 log.warning("resourceslice %s not deleted: %s", name, exc)
-                return
+                return exc.status
+        self.act.metrics.slice_writes.labels("delete").inc()
+        return None
+
+    async def _delete(self, node: str, have: JsonDict, why: str) -> None:
+        if await self._deleted(have) is not None:
+            return
+        name = str((have.get("metadata") or {}).get("name", ""))
         self.view.slice_event("DELETED", have)
         if self.view.of_node(node) is None:
             self._left.pop(node, None)
             self._unplugged.pop(node, None)
-        self.act.metrics.slice_writes.labels("delete").inc()
         log.info("resourceslice %s deleted: %s", name, why)

@@ -332,6 +332,15 @@ class Extender:
         """GET a JSON endpoint of this replica."""
         return self.fetch(path).json()
 
+    def post(self, path: str, doc: Any, timeout_s: float = 5.0) -> Any:
+        """POST JSON to an endpoint of this replica (``/debug/explain``); its JSON answer."""
+        with httpx.Client(verify=self.context(), timeout=timeout_s) as client:
+            return client.post(
+                f"{self.url}{path}",
+                json=doc,
+                extensions={"sni_hostname": f"edgegpu-extender.{self.namespace}.svc"},
+            ).json()
+
 
 def _pod_name(body: bytes) -> str:
     """The pod a scheduler request is about ("" when the body does not say)."""

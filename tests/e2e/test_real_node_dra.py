@@ -231,9 +231,11 @@ def test_an_xid_gpu_is_tainted_and_the_fault_loop_drains_the_claim_pod_on_it(
         rows = {r["pod"]: r["gpus"] for r in view["reservations"]}
         return rows if len(rows) == 2 else None
 
-    # The extender reads each claim pod's GPU from its claim, as it reads a bind's annotation.
-    rows = until("the extender holding both claim pods' GPUs", reserved, 30.0)
-    assert rows == {f"{ns}/{on['gpu-0']}": [0], f"{ns}/{on['gpu-1']}": [1]}, rows
+    # The extender reads each claim pod's GPU from its claim, as it reads a bind's annotation
+    # (what a replica's filter reserved for the pod before the allocation was known gives way).
+    want = {f"{ns}/{on['gpu-0']}": [0], f"{ns}/{on['gpu-1']}": [1]}
+    until("the extender holding both claim pods' GPUs as their claims say",
+          lambda: reserved() == want, 30.0)  # fmt: skip
 
     _restart(agent, "xid-79", _dra_args(node))  # GPU 0 raises XID 79 until a self-test
     t0 = time.monotonic()
@@ -311,6 +313,13 @@ def test_a_hot_gpu_is_tainted_and_the_scheduler_gives_the_next_claim_another_one
         until("the second claim pod unschedulable while gpu-0 is hot", unschedulable, 60.0)
         assert _allocated(cluster, ns, "second") is None
         assert not (cluster.get_pod(ns, "second") or {}).get("spec", {}).get("nodeName")
+        # The extender weighs the claim pod as it weighs a device-plugin pod: a whole GPU, which
+        # real-1 has not (gpu-0 hot, gpu-1 the first pod's through its claim).
+        explained = cluster.extenders[0].post("/debug/explain", {
+            "Pod": cluster.get_pod(ns, "second"), "NodeNames": [node.name]})  # fmt: skip
+        assert explained["pod"]["through_claims"] and explained["pod"]["whole_gpus"] == 1
+        (verdict,) = explained["nodes"]
+        assert verdict["verdict"] != "passed", verdict
         say(
             f"DRA taints: gpu-0 tainted hot {tainted_s:.1f} s after the overheating agent's start; "
             "the next claim got gpu-1, the one after stayed unschedulable"

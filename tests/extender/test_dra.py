@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_extender.k8s.dra import DraView, claim_of, mib_of
+from scheduler_extender.k8s.dra import ClaimWant, DraView, claim_of, mib_of, want_of
 from scheduler_extender.k8s.sync import assignment_from_claims
 from scheduler_extender.names import dra_device_name as device_name
 from scheduler_extender.remediation.slices import _essence, desired_spec, quantity
@@ -160,13 +160,17 @@ def _slice(node: str, devices: list[dict[str, Any]], **labels: str) -> dict[str,
 
 def test_a_node_with_two_slices_of_ours_keeps_the_oldest_until_the_other_goes():
     view = DraView()
-    old = _slice("a", [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"}}}])
+    old = _slice("a", [{"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-aaaa"},
+                                                         "index": {"int": 0}}}])  # fmt: skip
     old["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
-    new = {**_slice("a", []), "metadata": {**old["metadata"], "name": "a-gpu.edgegpu.io-x2",
-                                           "creationTimestamp": "2026-12-01T10:00:05Z"}}  # fmt: skip
-    view.replace_slices([new, old])
+    # The newer one sorts first by name: the age decides, not the name.
+    new = {**_slice("a", [{"name": "gpu-0", "attributes": {"index": {"int": 7}}}]),
+           "metadata": {**old["metadata"], "name": "a-gpu.edgegpu.io-a0",
+                        "creationTimestamp": "2026-12-01T10:00:05Z"}}  # fmt: skip
+    view.replace_slices([old, new])
     assert [s["metadata"]["name"] for s in view.slices_of("a")] == [
-        "a-gpu.edgegpu.io-x1", "a-gpu.edgegpu.io-x2"]  # fmt: skip
+        "a-gpu.edgegpu.io-x1", "a-gpu.edgegpu.io-a0"]  # fmt: skip
+    assert view.gpu_index("a", "gpu-0") == 0  # what the kept slice says, not the extra
     view.slice_event("DELETED", new)
     assert view.of_node("a") is old and "a" not in view.deleted_at
     view.slice_event("DELETED", old)
@@ -189,6 +193,32 @@ def test_a_write_answer_is_kept_unless_the_watch_showed_a_newer_slice():
     latest = {**created, "metadata": {**created["metadata"], "resourceVersion": "8"}}
     view.written(newer, latest)
     assert view.of_node("a") is latest
+
+
+def test_a_create_answered_after_the_watch_showed_it_deleted_is_not_put_back():
+    view = DraView()
+    created = _slice("a", [])
+    view.slice_event("ADDED", created)
+    view.slice_event("DELETED", created)  # kubelet's start wiped it before our answer came
+    view.written(None, created)
+    assert view.of_node("a") is None and "a" in view.deleted_at
+
+
+def test_a_slice_edited_to_look_like_someone_elses_leaves_our_view():
+    view = DraView()
+    ours = _slice("a", [])
+    view.slice_event("ADDED", ours)
+    view.slice_event("MODIFIED", {**ours, "metadata": {**ours["metadata"], "labels": {}}})
+    assert view.of_node("a") is None and "a" in view.deleted_at
+
+
+def test_what_a_gone_nodes_slices_said_is_forgotten():
+    view = _view_with("a", [])
+    assert view.gpu_uuid("a", "gpu-0") == "GPU-aaaa"
+    view.replace_slices([])
+    assert view.gpu_uuid("a", "gpu-0") == "GPU-aaaa"  # kubelet's wipe: still known
+    view.forget_node("a")
+    assert view.gpu_uuid("a", "gpu-0") is None
 
 
 def test_only_the_slices_the_leader_made_are_taken_for_ours():
@@ -312,3 +342,49 @@ def test_a_finished_pod_or_a_claim_of_another_node_holds_nothing(app):
     view = _view_with("a", [_claim("u1", [_result("gpu-0")])])
     assert assignment_from_claims(_claim_pod("claim-u1", phase="Succeeded"), view, state) is None
     assert assignment_from_claims(_claim_pod("claim-u9"), view, state) is None
+
+
+def test_what_a_claim_asks_of_our_driver_is_read_from_its_request():
+    def want(request: dict[str, Any]) -> Any:
+        return want_of({"spec": {"devices": {"requests": [{"name": "gpu", **request}]}}})
+
+    ours = {"deviceClassName": "gpu.edgegpu.io"}
+    assert want({"exactly": ours}) == ClaimWant(1, None)
+    assert want({"exactly": {**ours, "count": 2}}) == ClaimWant(2, None)
+    shared = {**ours, "capacity": {"requests": {"memory": "6Gi"}}}
+    assert want({"exactly": shared}) == ClaimWant(1, 6144)
+    # firstAvailable: the first subrequest of ours, the one the scheduler tries first.
+    other = {"name": "nic", "deviceClassName": "nic.example.com"}
+    assert want({"firstAvailable": [other, {"name": "big", **shared}]}) == ClaimWant(1, 6144)
+    for nothing in ({"exactly": {**ours, "adminAccess": True}},
+                    {"exactly": {"deviceClassName": "gpu.nvidia.com"}}):  # fmt: skip
+        assert want(nothing) is None, nothing
+    assert want_of({"spec": {"devices": {"requests": "x"}}}) is None
+    # All of the node's GPUs, or a count the API server would refuse: one whole GPU at least.
+    for one in ({"exactly": {**ours, "allocationMode": "All"}}, {"exactly": {**ours, "count": 0}}):
+        assert want(one) == ClaimWant(1, None), one
+    # Every request of ours counts: an admin one first hides nothing, and memory beside whole
+    # GPUs is whole GPUs.
+    doc = {"spec": {"devices": {"requests": [
+        {"name": "look", "exactly": {**ours, "adminAccess": True}},
+        {"name": "mem", "exactly": shared}, {"name": "big", "exactly": {**ours, "count": 8}}]}}}  # fmt: skip
+    assert want_of(doc) == ClaimWant(9, None)
+    # A quantity too long for a float is no quantity (not an error in the claims' watch).
+    assert want({"exactly": {**ours, "capacity": {"requests": {"memory": "9" * 400}}}}) == (
+        ClaimWant(1, None)
+    )
+    assert mib_of("9" * 400) is None
+
+
+def test_only_claims_not_allocated_yet_ask_for_gpus():
+    view = DraView()
+    asks = {"metadata": {"namespace": "ml", "name": "claim-u1", "uid": "u1"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.edgegpu.io"}}]}}}  # fmt: skip
+    view.replace_claims([asks])
+    pod = _claim_pod("claim-u1")
+    assert view.wants_of(pod) == [ClaimWant(1, None)]
+    view.claim_event("MODIFIED", {**asks, **_claim("u1", [_result("gpu-0")])})
+    assert view.wants_of(pod) == []
+    view.claim_event("DELETED", asks)
+    assert view.wants_of(pod) == []

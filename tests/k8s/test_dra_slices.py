@@ -201,7 +201,7 @@ async def test_a_second_slice_of_a_node_is_deleted_and_the_first_kept(kube, kube
     await fleet.step()
     first = fleet.only()
     # A create whose answer was lost (a timeout) and made again: two slices in one pool.
-    extra = {**first, "metadata": {**first["metadata"], "name": "a-gpu.edgegpu.io-zz",
+    extra = {**first, "metadata": {**first["metadata"], "name": "a-gpu.edgegpu.io-00000",
                                    "uid": "extra", "creationTimestamp": "2026-12-02T10:00:09Z"}}  # fmt: skip
     extra["metadata"].pop("resourceVersion", None)
     kube.put("resourceslices", extra)
@@ -254,3 +254,21 @@ async def test_a_grace_counted_while_another_replica_led_starts_again(kube, kube
     fleet.push("a", registered=False)
     await fleet.step()
     assert fleet.slices() == []
+
+
+async def test_a_slice_edited_away_from_our_label_is_deleted_and_ours_made_again(kube, kubeconfig):
+    fleet = Fleet(kube, kubeconfig, "a")
+    fleet.push("a", temperature_c=91.0)
+    await fleet.step()
+    edited = fleet.only()
+    edited["metadata"]["labels"] = {}  # it would publish a's GPUs without the hot taint
+    edited["spec"]["devices"][0].pop("taints")
+    kube.put("resourceslices", edited)
+    fleet.view.slice_event("MODIFIED", kube.get("resourceslices", edited["metadata"]["name"], ""))
+    await fleet.remediator.slices.step()  # type: ignore[union-attr]
+    assert fleet.slices() == []
+    fleet.clock.advance(1)
+    fleet.push("a", temperature_c=91.0)
+    await fleet.step()
+    assert _taints(fleet.only())[0] == ["gpu.edgegpu.io/hot"]
+    assert fleet.only()["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "edgegpu"
