@@ -524,8 +524,9 @@ async def bench_nodes(
 ) -> dict[str, Any]:
     """The arms, interleaved, on one control plane with ``count`` Nodes.
 
-    With ``dra``, another: the same pods through ResourceClaims of the DRA driver, allocated by
-    the plain kube-scheduler from the slices the extender publishes (one per node).
+    With ``dra``, two more: the same pods through ResourceClaims of the DRA driver, allocated
+    from the slices the extender publishes (one per node), by the plain kube-scheduler and by
+    the project's (the extender weighing each claim pod).
 
     With ``floor``, another: the project's scheduler configuration calling the least any
     extender must do (``benchmarks.floor``: every node passes, every score 0) for filter and
@@ -584,7 +585,7 @@ async def bench_nodes(
         await asyncio.to_thread(wait_until, "every node's first push", all_reported,
                                 INTERVAL_S * 4 + 60, 1.0)  # fmt: skip
         if dra:
-            arm_names.append("claims")
+            arm_names += ["claims", "claims_ours"]
             started = time.monotonic()
 
             def published() -> bool:
@@ -605,17 +606,19 @@ async def bench_nodes(
             for arm in arm_names:
                 scheduler = {"alone": "default-scheduler", "ours": "edgegpu-scheduler",
                              "floor": "floor-scheduler", "claims": "default-scheduler",
+                             "claims_ours": "edgegpu-scheduler",
                              "every_node": "edgegpu-every-node-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
                 counts_before = extender_counts(ext)
                 with namespace(cp, f"bench-{arm}-{r}") as ns:
-                    burst = await run_burst(cp, ns, pods, scheduler, claims=arm == "claims")
+                    burst = await run_burst(cp, ns, pods, scheduler,
+                                            claims=arm.startswith("claims"))  # fmt: skip
                     result = summary(burst, pods) | placement(burst)
                     rss_peak = max(rss_peak, round(rss_mib(pid), 1))
                 counts = extender_counts(ext)
                 after = vars(pusher.stats)
                 result["pushes"] = {k: after[k] - before[k] for k in after}
-                if arm in ("ours", "every_node"):
+                if arm in ("ours", "every_node", "claims_ours"):
                     result["extender_errors"] = counts["errors"] - counts_before["errors"]
                     result["verbs_ms"] = {
                         verb: round(
@@ -666,7 +669,7 @@ def combine(result: dict[str, Any]) -> dict[str, Any]:
     out["pushes_during_bursts"] = {
         k: sum(r["pushes"][k] for r in ours_runs) for k in ours_runs[0]["pushes"]
     }
-    for extra in ("floor", "every_node", "claims"):
+    for extra in ("floor", "every_node", "claims", "claims_ours"):
         if extra in arms:
             out[extra] = {
                 key: round(statistics.median(r[key] for r in arms[extra]), 1)
@@ -739,6 +742,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{c['claims']['pods_per_s']}, create->bound p50 {c['claims']['bind_p50_ms']} "
                   f"p99 {c['claims']['bind_p99_ms']} ms, unbound "
                   f"{sum(r['unbound'] for r in c['rounds']['claims'])}", flush=True)  # fmt: skip
+            o = c["claims_ours"]
+            print(f"{count:>5} nodes, claims through the extender (edgegpu-scheduler): pods/s "
+                  f"{o['pods_per_s']}, create->bound p50 {o['bind_p50_ms']} p99 "
+                  f"{o['bind_p99_ms']} ms, unbound "
+                  f"{sum(r['unbound'] for r in c['rounds']['claims_ours'])}", flush=True)  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"written to {args.json}")
