@@ -610,7 +610,7 @@ async def bench_nodes(
                              "every_node": "edgegpu-every-node-scheduler"}[arm]  # fmt: skip
                 before = dict(vars(pusher.stats))
                 counts_before = extender_counts(ext)
-                with namespace(cp, f"bench-{arm}-{r}") as ns:
+                with namespace(cp, f"bench-{arm.replace('_', '-')}-{r}") as ns:
                     burst = await run_burst(cp, ns, pods, scheduler,
                                             claims=arm.startswith("claims"))  # fmt: skip
                     result = summary(burst, pods) | placement(burst)
