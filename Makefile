@@ -71,8 +71,9 @@ imports: $(STAMP) ## import-linter: the layer contracts in pyproject.toml
 
 check: test ## alias of test
 
-crd: $(STAMP) ## regenerate manifests/crd/ from the policy model
+crd: $(STAMP) ## regenerate manifests/crd/ from the policy and maintenance models
 	$(VENV)/bin/python -m scheduler_extender.policy.crd > manifests/crd/gpuschedulingpolicies.yaml
+	$(VENV)/bin/python -m scheduler_extender.remediation.crd > manifests/crd/gpumaintenances.yaml
 
 chart: $(STAMP) ## regenerate the Helm chart charts/edgegpu from manifests/
 	$(VENV)/bin/python -m tools.chart

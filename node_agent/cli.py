@@ -36,6 +36,7 @@ from node_agent.dra.server import DraServer
 from node_agent.errors import BackendUnavailable
 from node_agent.loop import Agent
 from node_agent.protection import health, power
+from node_agent.protection.maintenance import StepRunner
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.telemetry.report import host_boot_id
 from node_agent.uplink.pusher import FlappingLinkTransport, Pusher
@@ -181,6 +182,7 @@ async def _run(
             power_control=settings.power_control,
             labels=settings.labels,
             reboot_sentinel=settings.reboot_sentinel,
+            steps=StepRunner(settings.maintenance_steps, settings.state_dir),
             block_mib=settings.block_mib,
             host_boot_id=host_boot_id(),
             accept_looser_policy=settings.accept_looser_policy,

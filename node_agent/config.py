@@ -121,6 +121,12 @@ class AgentSettings(BaseSettings):
         "without asking; point kured's --reboot-sentinel here. Its folder must exist (a hostPath "
         "in the DaemonSet); unset = only logged.",
     )
+    maintenance_steps: Path | None = Field(
+        Path("/etc/edgegpu/maintenance-steps.yaml"),
+        description="The allow-list of maintenance steps a GPUMaintenance may ask this node to "
+        "run (YAML: steps: {name: {command: [...], timeout: 1h, reboot: false}}; docs/"
+        "maintenance.md), read at every ask; no file = no step allowed.",
+    )
     # Policy (the same values as the GPUSchedulingPolicy; flags so the agent runs offline). The
     # extender's policy may make local protection stricter than these, never looser.
     max_temp_c: float = Field(

@@ -22,6 +22,7 @@ from node_agent.deviceplugin.state import StateFile
 from node_agent.model import ActionResult, GpuHealth, Snapshot
 from node_agent.protection import health, power
 from node_agent.protection.local import LocalProtection
+from node_agent.protection.maintenance import StepRunner
 from node_agent.protection.remediation import Remediation
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.telemetry.report import Reporter
@@ -64,8 +65,11 @@ class Agent:
         host_boot_id: str | None = None,
         state: StateFile | None = None,
         accept_looser_policy: bool = False,
+        steps: StepRunner | None = None,
     ) -> None:
+        """``steps``: the maintenance steps this node may be asked for (none: every ask fails)."""
         self.backend = backend
+        self.steps = steps or StepRunner(None, None)
         self.interval_s = interval_s
         self.metrics = metrics
         self.pusher = pusher
@@ -112,6 +116,7 @@ class Agent:
             xid_last=self.protection.last_xids(),
             self_test=self.remediation.self_test,
             holders=self.blocks.holders,
+            maintenance=self.steps.result,
         )
 
     async def round(self) -> Round:
@@ -167,6 +172,7 @@ class Agent:
             self.reporter.boot,
             every_replica_answered=bool(answered) and all(answered),
         )
+        self.steps.follow(outcome.step)
         if outcome.policy:
             self.follow_policy(outcome.policy)
         if "ignored" in outcome.results.values():

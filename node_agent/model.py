@@ -62,6 +62,12 @@ class GpuReading(GpuReadings):
     """The GPU stopped answering; every other field is then None."""
     pci_bus_id: str | None = None
     """``0000:4d:00.0``: where its device nodes are found (``/sys/bus/pci/devices/<id>/drm``)."""
+    driver_version: str | None = None
+    """The driver the GPU runs under (``570.86.15``), as its library says."""
+    vbios_version: str | None = None
+    """The board's VBIOS (firmware) version."""
+    inforom_version: str | None = None
+    """NVIDIA's InfoROM image version."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,19 @@ class ExtenderMetrics:
             ["call"],
             registry=registry,
         )
+        self.maintenance_nodes = Gauge(
+            "edgegpu_extender_maintenance_nodes",
+            "Nodes of each GPUMaintenance by state (pending, draining, step, rebooting, "
+            "validating, done, failed, skipped), as the leader last wrote its status.",
+            ["maintenance", "state"],
+            registry=registry,
+        )
+        self.maintenance_transitions = Counter(
+            "edgegpu_extender_maintenance_transitions_total",
+            "Nodes of GPU maintenances entering a state, by state.",
+            ["state"],
+            registry=registry,
+        )
         self.slice_writes = Counter(
             "edgegpu_extender_resourceslice_writes_total",
             "ResourceSlices of the DRA driver gpu.edgegpu.io written by the leader, by operation "

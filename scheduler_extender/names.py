@@ -47,6 +47,12 @@ UNHEALTHY_TAINT: Final = "edgegpu.io/gpu-unhealthy"
 REMEDIATION_OPT_OUT: Final = "edgegpu.io/remediation"
 """Node label: ``disabled`` keeps the fault loop off the node."""
 HEALTH_CONDITION: Final = "EdgeGPUHealthy"
+MAINTENANCE_TAINT: Final = "edgegpu.io/maintenance"
+"""Node taint (NoSchedule) of a node a GPU maintenance holds; the value names the maintenance."""
+MAINTENANCE_STATE_LABEL: Final = "edgegpu.io/maintenance-state"
+"""Node label: where the node is in the last GPU maintenance that took it (``kubectl get -L``)."""
+MAINTENANCE_FINALIZER: Final = "edgegpu.io/maintenance"
+"""Finalizer of a GPUMaintenance: deleting one in flight lets its nodes go first."""
 
 # Telemetry.
 TELEMETRY_SCHEMA: Final = "edgegpu.io/telemetry/v1"
@@ -55,6 +61,11 @@ TELEMETRY_SCHEMA: Final = "edgegpu.io/telemetry/v1"
 POLICY_API_VERSION: Final = "kepler.io/v1"
 POLICY_KIND: Final = "GPUSchedulingPolicy"
 POLICY_PLURAL: Final = "gpuschedulingpolicies"
+
+# GPU maintenance (edgegpu.io/v1alpha1).
+MAINTENANCE_API_VERSION: Final = "edgegpu.io/v1alpha1"
+MAINTENANCE_KIND: Final = "GPUMaintenance"
+MAINTENANCE_PLURAL: Final = "gpumaintenances"
 
 # Dynamic Resource Allocation (resource.k8s.io/v1).
 DRA_DRIVER: Final = "gpu.edgegpu.io"

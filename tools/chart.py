@@ -474,6 +474,7 @@ def files() -> dict[str, str]:
         "crds/gpuschedulingpolicies.yaml": (
             MANIFESTS / "crd" / "gpuschedulingpolicies.yaml"
         ).read_text(),
+        "crds/gpumaintenances.yaml": (MANIFESTS / "crd" / "gpumaintenances.yaml").read_text(),
         "templates/tls-helm.yaml": _HELM_TLS,
         "dashboards/edgegpu.json": (
             MANIFESTS / "monitoring" / "grafana-dashboard.json"

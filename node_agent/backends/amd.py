@@ -243,6 +243,6 @@ class AmdBackend:
         """Not through this backend."""
         raise NotSupported("clock locking is not implemented for AMD GPUs")
 
-    def self_test(self) -> dict[str, Any]:
+    def self_test(self, level: int = 1) -> dict[str, Any]:
         """amd-smi and the ROCm Validation Suite's GPU listing, where present."""
         return run_self_test(self.device_count(), tools=AMD_TOOLS, cuda=False)

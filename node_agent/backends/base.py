@@ -62,8 +62,12 @@ class GpuBackend(Protocol):
         """Undo ``lock_clocks_mhz``."""
         ...
 
-    def self_test(self) -> dict[str, Any]:
-        """The node's GPU self-test (``selftest.run_self_test``'s verdict document)."""
+    def self_test(self, level: int = 1) -> dict[str, Any]:
+        """The node's GPU self-test (``selftest.run_self_test``'s verdict document).
+
+        ``level``: 1 quick (the fault loop's), 2 medium, 3 long (a maintenance may ask for
+        more: the diagnostics' deeper runs).
+        """
         ...
 
 

@@ -240,10 +240,10 @@ class IntelBackend(ReadOnlyControls):
             raise NotSupported(f"xpu-smi: {error}")
         raise XpuSmiError(f"xpu-smi: {error}", error)
 
-    def self_test(self) -> dict[str, Any]:
-        """``xpu-smi diag`` level 1 on every GPU."""
+    def self_test(self, level: int = 1) -> dict[str, Any]:
+        """``xpu-smi diag`` at ``level`` (1 to 3) on every GPU."""
         tools = [
-            (f"xpu-smi-diag-gpu{d}", ["xpu-smi", "diag", "-d", str(d), "-l", "1"])
+            (f"xpu-smi-diag-gpu{d}", ["xpu-smi", "diag", "-d", str(d), "-l", str(level)])
             for d in self._ids
         ]
         return run_self_test(self.device_count(), tools=tools, cuda=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from node_agent.backends.base import ReadOnlyControls
-from node_agent.backends.selftest import run_self_test
+from node_agent.backends.selftest import nvidia_tools, run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import GpuReading, NodeChecks
 
@@ -170,6 +170,6 @@ class JetsonBackend(ReadOnlyControls):
         """Not supported."""
         raise NotSupported("Jetson power is set with nvpmodel modes, not a power limit")
 
-    def self_test(self) -> dict[str, Any]:
-        """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
-        return run_self_test(self.device_count())
+    def self_test(self, level: int = 1) -> dict[str, Any]:
+        """nvidia-smi, ``dcgmi diag -r <level>`` and the CUDA context probe, where present."""
+        return run_self_test(self.device_count(), tools=nvidia_tools(level))

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from node_agent.backends.cuda_probe import CudaProbe
 from node_agent.backends.procmap import pod_of_pid
-from node_agent.backends.selftest import run_self_test
+from node_agent.backends.selftest import nvidia_tools, run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
 
@@ -184,6 +184,9 @@ class NvmlBackend:
                 nv.NVML_VOLATILE_ECC,
             )
             procs = self._field(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            vbios = self._field(nv.nvmlDeviceGetVbiosVersion, h)
+            inforom = self._field(nv.nvmlDeviceGetInforomImageVersion, h)
+            driver = self._field(nv.nvmlSystemGetDriverVersion)
         except nv.NVMLError as exc:
             log.error("gpu %d is lost: %s", index, exc)
             uuid = self._uuids.get(index, f"GPU-index-{index}")
@@ -207,6 +210,9 @@ class NvmlBackend:
             throttle_reasons=throttle_reasons(int(mask)) if mask is not None else (),
             ecc_uncorrected=int(ecc) if ecc is not None else None,
             processes=tuple(self._process(p) for p in procs or ()),
+            driver_version=_text(driver) if driver is not None else None,
+            vbios_version=_text(vbios) if vbios is not None else None,
+            inforom_version=_text(inforom) if inforom is not None else None,
         )
 
     def _process(self, proc: Any) -> GpuProcess:
@@ -329,9 +335,9 @@ class NvmlBackend:
         """NvmlDeviceResetGpuLockedClocks."""
         self._set(self._nv.nvmlDeviceResetGpuLockedClocks, self._handles[index])
 
-    def self_test(self) -> dict[str, Any]:
-        """nvidia-smi, ``dcgmi diag -r 1`` and the CUDA context probe, where present."""
-        return run_self_test(self.device_count(), probe=self._probe)
+    def self_test(self, level: int = 1) -> dict[str, Any]:
+        """nvidia-smi, ``dcgmi diag -r <level>`` and the CUDA context probe, where present."""
+        return run_self_test(self.device_count(), probe=self._probe, tools=nvidia_tools(level))
 
 
 def _text(value: Any) -> str:

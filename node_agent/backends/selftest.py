@@ -59,6 +59,14 @@ NVIDIA_TOOLS: Final = (
 )
 
 
+def nvidia_tools(level: int = 1) -> tuple[tuple[str, list[str]], ...]:
+    """``nvidia-smi -q`` and ``dcgmi diag -r <level>`` (1 quick, 2 medium, 3 long)."""
+    return (
+        ("nvidia-smi", ["nvidia-smi", "-q"]),
+        (f"dcgm-diag-r{level}", ["dcgmi", "diag", "-r", str(level)]),
+    )
+
+
 def run_self_test(
     gpu_count: int,
     *,

@@ -42,6 +42,7 @@ SCENARIOS: Final = (
     "ecc",
     "unsupported-fields",
     "flapping-link",
+    "fails-validation",
 )
 
 
@@ -379,14 +380,24 @@ class SimulatedBackend:
         """Unlock the SM clock."""
         self._settable(index).locked_clock_mhz = None
 
-    def self_test(self) -> dict[str, Any]:
+    def self_test(self, level: int = 1) -> dict[str, Any]:
         """A lost GPU or one with uncorrectable ECC errors fails; an XID alone passes.
 
         As on real hardware once the driver has reset the GPU after an XID: a GPU that raised
-        one raises it no more after a pass.
+        one raises it no more after a pass. ``fails-validation``: a diagnostic fails at every
+        level, while the GPUs report healthy (what a regression after a driver change looks
+        like).
         """
         started = time.monotonic()
         checks = []
+        if self.scenario == "fails-validation":
+            checks.append(
+                Check(
+                    f"simulated-diag-r{level}",
+                    "fail",
+                    "simulated diagnostic failure (scenario fails-validation)",
+                )
+            )
         for gpu in self._gpus:
             bad = "lost" if gpu.lost else "uncorrectable ECC errors" if gpu.ecc_uncorrected else ""
             checks.append(Check(f"simulated-gpu{gpu.index}", "fail" if bad else "pass", bad))

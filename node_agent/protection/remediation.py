@@ -55,17 +55,18 @@ class Remediation:
         test = asks.get("self_test")
         if test and test.id != self._asked_test and self.testing is None:
             self._asked_test = test.id
-            self.testing = asyncio.create_task(self._run_self_test(test.id))
+            self.testing = asyncio.create_task(self._run_self_test(test.id, test.level or 1))
         refused = self.reboot.follow(asks.get("reboot"), boot, every_replica_answered)
         if refused is not None:
             self.metrics.answer_fields_ignored.labels("reboot", refused).inc()
 
-    async def _run_self_test(self, request: str) -> None:
+    async def _run_self_test(self, request: str, level: int = 1) -> None:
         started = self.clock()
         try:
-            log.warning("the extender asked for a self-test (%s): running it", request)
+            log.warning("the extender asked for a level-%d self-test (%s): running it", level,
+                        request)  # fmt: skip
             try:
-                doc = await asyncio.to_thread(self.backend.self_test)
+                doc = await asyncio.to_thread(self.backend.self_test, level)
             except Exception as exc:
                 doc = {"verdict": "fail", "reason": f"{type(exc).__name__}: {exc}", "checks": []}
             verdict = "pass" if doc.get("verdict") == "pass" else "fail"

@@ -147,11 +147,13 @@ class Reporter:
         xid_last: Mapping[int, int | None],
         self_test: dict[str, str] | None,
         holders: list[GpuHolder] | None,
+        maintenance: dict[str, Any] | None = None,
     ) -> TelemetryReport:
         """The telemetry push for a snapshot (DESIGN.md §3); the next in sequence.
 
         ``xid_last``: by GPU index, the last XID seen; ``self_test``: the verdict of the last
-        self-test asked for; ``holders``: which pods hold which GPU's blocks (None: not known).
+        self-test asked for; ``holders``: which pods hold which GPU's blocks (None: not known);
+        ``maintenance``: the result of the last maintenance step asked for.
         """
         self.seq += 1
         gpus = []
@@ -166,6 +168,9 @@ class Reporter:
                     "uuid": r.uuid,
                     "model": r.model,
                     "vendor": r.vendor,
+                    "driver_version": r.driver_version,
+                    "vbios_version": r.vbios_version,
+                    "inforom_version": r.inforom_version,
                     **{f.name: getattr(r, f.name) for f in REPORTED},
                     "throttle_reasons": list(r.throttle_reasons),
                     "ecc_uncorrected": r.ecc_uncorrected,
@@ -209,6 +214,7 @@ class Reporter:
                 "gpus": gpus,
                 "hot_threshold_c": self.hot_threshold_c,
                 "self_test": self_test,
+                "maintenance": maintenance,
                 "host_boot_id": self.host_boot_id,
                 "holders": _holders_within_contract(holders),
             }

@@ -14,9 +14,9 @@ from typing import Any, Final
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from scheduler_extender.telemetry.answer import GPU_UUID_PATTERN, Ask, PushAnswer
+from scheduler_extender.telemetry.answer import GPU_UUID_PATTERN, Ask, PushAnswer, StepAsk
 
-__all__ = ["GPU_UUID_PATTERN", "Ask", "PushAnswer", "read_answer"]
+__all__ = ["GPU_UUID_PATTERN", "Ask", "PushAnswer", "StepAsk", "read_answer"]
 
 _BY_ENTRY: Final = {"performance_gpus": False, "lend_blocks": False, "policy": True}
 """The fields read entry by entry: a bad entry is left out and the others kept. True: each bad

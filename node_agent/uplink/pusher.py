@@ -22,7 +22,7 @@ import httpx
 from node_agent.deviceplugin.devices import Assigned
 from node_agent.dra.plugin import AllocatedClaim
 from node_agent.uplink import assignments, claims
-from node_agent.uplink.answer import Ask, PushAnswer, read_answer
+from node_agent.uplink.answer import Ask, PushAnswer, StepAsk, read_answer
 from node_agent.uplink.replicas import (
     MAX_ANSWER_BYTES,
     RESOLVE_TIMEOUT_S,
@@ -65,6 +65,8 @@ class PushOutcome:
     """Idle blocks lent per GPU uuid: the least any answering extender said (none: none)."""
     ignored: tuple[str, ...] = ()
     """The answer fields ignored as invalid this round, once per answer that had them."""
+    step: StepAsk | None = None
+    """A GPU maintenance's step the extenders asked for this round."""
 
 
 class Pusher:
@@ -215,10 +217,12 @@ class Pusher:
         boost: frozenset[int] = frozenset().union(*(a.performance_gpus for a in answers))
         told = [t.max_temp_c for t in targets if t.max_temp_c is not None]
         asks: dict[str, Ask] = {}
+        step: StepAsk | None = None
         policy = None
         lends: list[dict[str, int]] = []
         for answer in answers:
             asks.update(answer.asks)
+            step = answer.maintenance or step
             policy = policy or (answer.policy.said() if answer.policy is not None else None)
             lends.append(answer.lend_blocks)
         # A replica behind on a pod's use may still lend what another already took back.
@@ -233,6 +237,7 @@ class Pusher:
             policy,
             {u: n for u, n in lend.items() if n > 0},
             tuple(f for _, ignored in reads for f in ignored),
+            step,
         )
 
 

@@ -19,7 +19,7 @@ from scheduler_extender.errors import RequestError
 from scheduler_extender.k8s.auth import AuthError, Identity
 from scheduler_extender.k8s.translate import per_container
 from scheduler_extender.names import MEM_BLOCK_RESOURCE
-from scheduler_extender.telemetry.answer import AnswerPolicy, Ask, PushAnswer
+from scheduler_extender.telemetry.answer import AnswerPolicy, Ask, PushAnswer, StepAsk
 from scheduler_extender.telemetry.decode import ReportError, decode_report
 from scheduler_extender.telemetry.store import PutResult, Received
 
@@ -177,7 +177,7 @@ def answer(ctx: AppContext, node: str, result: PutResult) -> tuple[int, bytes]:
     fields: dict[str, Any] = {}
     for kind, request in asks.items():
         try:
-            fields[kind] = Ask(**request)
+            fields[kind] = StepAsk(**request) if kind == "maintenance" else Ask(**request)
         except ValidationError as exc:  # the agent would refuse it: it is not sent
             ctx.warn_once(
                 f"ask:{kind}", f"telemetry: a {kind} request for {node} is not sent: {exc}"

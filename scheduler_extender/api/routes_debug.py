@@ -111,6 +111,9 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                 "uuid": gpu.uuid,
                 "model": gpu.model,
                 "vendor": gpu.vendor,
+                "driver_version": gpu.driver_version,
+                "vbios_version": gpu.vbios_version,
+                "inforom_version": gpu.inforom_version,
                 **{name: getattr(gpu, name) for name in _SUMMARY},
                 "free_blocks": int(free[i]),
                 "allocated_blocks": int(batch.allocated_blocks[0, i]),
@@ -279,6 +282,17 @@ async def debug_remediation(request: Request) -> JSONResponse:
     return JSONResponse(
         {"enabled": args.enabled, "dryRun": args.dry_run, "leader": ctx.leader, "nodes": nodes}
     )
+
+
+@debug.get("/debug/maintenance", tags=["debug"], summary="The GPU maintenance in progress")
+async def debug_maintenance(request: Request) -> JSONResponse:
+    """The GPUMaintenance this leader runs now, node by node, as it last wrote its status.
+
+    A replica that does not lead shows none (``kubectl get gpumaintenances`` shows them all).
+    """
+    ctx = get_ctx(request)
+    running = ctx.remediator.maintainer.view() if ctx.remediator is not None else None
+    return JSONResponse({"leader": ctx.leader, "maintenance": running})
 
 
 @router.get(

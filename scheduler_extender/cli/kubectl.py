@@ -8,6 +8,8 @@ the user's kubeconfig and reaches one extender pod (Ready first) through the API
                                            free / held, health, hot or cooling, remediation
     kubectl edgegpu pods [-n NS | -A]      which pod holds which GPU and how many blocks
     kubectl edgegpu explain POD [-n NS]    every node's verdict for a pod, and why
+    kubectl edgegpu maintenance list|show|begin|wait|pause|resume|abort|end
+                                           rolling GPU maintenances (docs/maintenance.md)
     ... -o json                            the same as JSON
 
 The extender answers /debug/* to loopback clients only, which a port-forward is (it connects
@@ -29,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from scheduler_extender.cli import maintenance
 from scheduler_extender.cli.reach import (
     CA_CONFIGMAP,
     NAMESPACE,
@@ -83,16 +86,17 @@ def nodes(c: Cluster) -> tuple[list[dict[str, Any]], str]:
                 else f"{g.get('free_blocks')}/{g.get('allocated_blocks')}"
             )
             row = {"node": n["node"], "gpu": g["index"], "model": g.get("model"),
-                   "vendor": g.get("vendor"), **{k: g.get(k) for k in _SHOWN},
+                   "vendor": g.get("vendor"), "driver_version": g.get("driver_version"),
+                   "vbios_version": g.get("vbios_version"), **{k: g.get(k) for k in _SHOWN},
                    "free_blocks": g.get("free_blocks"), "held_blocks": g.get("allocated_blocks"),
                    "health": g.get("health"), "health_reasons": g.get("health_reasons") or [],
                    "state": state, "remediation": remediation}  # fmt: skip
             rows.append(row)
             readings = ["/".join(_n(g.get(k)) for k in keys) for keys in _COLUMNS.values()]
-            table.append([n["node"], g["index"], g.get("model"), *readings, blocks, g.get("health"),
-                          state, remediation])  # fmt: skip
-    headers = ["NODE", "GPU", "MODEL", *_COLUMNS, "BLOCKS FREE/HELD", "HEALTH", "STATE",
-               "REMEDIATION"]  # fmt: skip
+            table.append([n["node"], g["index"], g.get("model"), g.get("driver_version"),
+                          *readings, blocks, g.get("health"), state, remediation])  # fmt: skip
+    headers = ["NODE", "GPU", "MODEL", "DRIVER", *_COLUMNS, "BLOCKS FREE/HELD", "HEALTH",
+               "STATE", "REMEDIATION"]  # fmt: skip
     return rows, _table(table, headers)
 
 
@@ -166,7 +170,7 @@ def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubectl edgegpu", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[6:11]))  # fmt: skip
+                                epilog="\n".join(__doc__.splitlines()[6:13]))  # fmt: skip
     _options(p, defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
     pn = sub.add_parser("nodes", help="every GPU of every node")
@@ -178,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     pe.add_argument("-n", "--namespace", default="default")
     for command in (pn, pp, pe):
         _options(command, defaults=False)
+    maintenance.add_commands(sub, lambda command: _options(command, defaults=False))
     return p
 
 
@@ -190,9 +195,12 @@ def main(argv: Sequence[str] | None = None, forward: PortForward = port_forward)
     try:
         cluster = Cluster(kubeconfig, ns.context, ns.extender_url, ns.extender_namespace,
                           ns.extender_ca, ns.request_timeout, forward)  # fmt: skip
+        status = 0
         if ns.command == "nodes":
             data: Any
             data, text = nodes(cluster)
+        elif ns.command == "maintenance":
+            data, text, status = maintenance.run(cluster, ns, _table)
         elif ns.command == "pods":
             data, text = pods(cluster, None if ns.all_namespaces else (ns.namespace or "default"))
         else:
@@ -201,7 +209,7 @@ def main(argv: Sequence[str] | None = None, forward: PortForward = port_forward)
         print(f"kubectl edgegpu: {escape(str(exc))}", file=sys.stderr)
         return 1
     print(_json(data) if ns.output == "json" else text)
-    return 0
+    return status
 
 
 def _json(data: Any) -> str:

@@ -149,10 +149,12 @@ class Cluster:
         self._pod: str | None = None
         self._tls: tuple[ssl.SSLContext, str] | None = None
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
+    def _request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         if self.api is None:  # only --extender-url was usable: nodes work, pods and explain not
             raise PluginError(self.problem)
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         m, url, headers, sent, _ = self.api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
@@ -168,6 +170,11 @@ class Cluster:
     def kube(self, path: str) -> Any:
         """A GET on the API server."""
         return self._request("GET", path)
+
+    def kube_write(self, method: str, path: str, body: Any = None) -> Any:
+        """A POST, merge PATCH or DELETE on the API server."""
+        kind = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        return self._request(method, path, body, kind)
 
     def extender(self, method: str, path: str, body: Any = None) -> Any:
         """The extender's answer, through a port-forward to one of its pods (or directly)."""

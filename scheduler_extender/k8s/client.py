@@ -7,6 +7,7 @@ blocking; callers run them in threads, never on the request path of the schedule
 
 from __future__ import annotations
 
+import builtins
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -19,13 +20,19 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scheduler_extender.names import DRA_DRIVER, POLICY_PLURAL
+from scheduler_extender.names import (
+    DRA_DRIVER,
+    MAINTENANCE_API_VERSION,
+    MAINTENANCE_PLURAL,
+    POLICY_PLURAL,
+)
 
 log = logging.getLogger("scheduler_extender.k8s")
 
 JsonDict = dict[str, Any]
 POLICY_GROUP: Final = "kepler.io"
 POLICY_VERSION: Final = "v1"
+MAINTENANCE_GROUP, MAINTENANCE_VERSION = MAINTENANCE_API_VERSION.split("/")
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 
@@ -170,6 +177,12 @@ class KubeApi:
                 POLICY_GROUP,
                 POLICY_VERSION,
                 POLICY_PLURAL,
+            )
+        if resource == MAINTENANCE_PLURAL:
+            return self.custom.list_cluster_custom_object, (
+                MAINTENANCE_GROUP,
+                MAINTENANCE_VERSION,
+                MAINTENANCE_PLURAL,
             )
         raise ValueError(resource)
 
@@ -415,3 +428,37 @@ class KubeApi:
             name,
             {"status": status},
         )
+
+    # -- GPU maintenances ---------------------------------------------------------------------
+    def list_maintenances(self) -> builtins.list[JsonDict]:
+        """Every GPUMaintenance (one page: a fleet has a handful)."""
+        return self.list(MAINTENANCE_PLURAL)[0]
+
+    def replace_maintenance_status(self, name: str, doc: JsonDict) -> JsonDict:
+        """Replace a GPUMaintenance's status; 409 unless ``doc``'s resourceVersion is current."""
+        out: JsonDict = orjson.loads(
+            self._call(
+                self.custom.replace_cluster_custom_object_status,
+                MAINTENANCE_GROUP,
+                MAINTENANCE_VERSION,
+                MAINTENANCE_PLURAL,
+                name,
+                doc,
+            ).data
+        )
+        return out
+
+    def patch_maintenance(self, name: str, patch: JsonDict) -> JsonDict:
+        """Merge-patch a GPUMaintenance (its finalizers), at the patch's resourceVersion."""
+        out: JsonDict = orjson.loads(
+            self._call(
+                self.custom.patch_cluster_custom_object,
+                MAINTENANCE_GROUP,
+                MAINTENANCE_VERSION,
+                MAINTENANCE_PLURAL,
+                name,
+                patch,
+                _content_type=MERGE_PATCH,
+            ).data
+        )
+        return out

@@ -22,22 +22,22 @@ from scheduler_extender.policy.document import PolicySpec
 _DROPPED = frozenset({"title", "default"})
 
 
-def _structural(node: Any, defs: dict[str, Any]) -> Any:
+def structural(node: Any, defs: dict[str, Any]) -> Any:
     """One JSON Schema node as a structural OpenAPI v3.0 schema node."""
     if isinstance(node, list):
-        return [_structural(item, defs) for item in node]
+        return [structural(item, defs) for item in node]
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         rest = {k: v for k, v in node.items() if k != "$ref"}
-        return _structural({**target, **rest}, defs)
+        return structural({**target, **rest}, defs)
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o != {"type": "null"}]
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(options) != 1:
             raise ValueError(f"a union other than X | None cannot be structural: {node}")
-        merged = {**_structural(options[0], defs), **_structural(rest, defs)}
+        merged = {**structural(options[0], defs), **structural(rest, defs)}
         return {**merged, "nullable": True} if len(options) < len(node["anyOf"]) else merged
     out: dict[str, Any] = {}
     for key, value in node.items():
@@ -51,9 +51,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         elif key == "const":
             out["enum"] = [value]
         elif key == "properties":
-            out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
         else:
-            out[key] = _structural(value, defs)
+            out[key] = structural(value, defs)
     names = out.pop("propertyNames", None)
     if names is not None:
         # A mapping keyed by an enum (a QoS class): one property per allowed key.
@@ -68,7 +68,7 @@ def spec_schema() -> dict[str, Any]:
     defs = schema.pop("$defs", {})
     classes = [q.wire for q in sorted(QosClass, reverse=True)]
     defs[QosClass.__name__] = {"type": "string", "enum": classes}
-    out: dict[str, Any] = _structural(schema, defs)
+    out: dict[str, Any] = structural(schema, defs)
     out.pop("description", None)
     # Unknown keys reach the extender, which refuses the policy naming them (Accepted=False),
     # instead of the API server dropping a typo without a word.
@@ -138,17 +138,18 @@ def _column(name: str, kind: str, path: str) -> dict[str, str]:
     return {"name": name, "type": kind, "jsonPath": path}
 
 
-class _NoAliases(yaml.SafeDumper):
+class NoAliases(yaml.SafeDumper):
     """Writes a repeated schema out again rather than as a YAML anchor and alias."""
 
     def ignore_aliases(self, data: Any) -> bool:
+        """Never an alias."""
         return True
 
 
 def render() -> str:
     """The CRD as the YAML file ``manifests/crd/`` holds."""
     header = "# Generated from the policy model by `make crd`; edit the model, not this file.\n"
-    body = yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, allow_unicode=True, width=100)
+    body = yaml.dump(crd(), Dumper=NoAliases, sort_keys=False, allow_unicode=True, width=100)
     return header + body
 
 

@@ -94,6 +94,8 @@ class FaultLoop:
         """Nodes NotReady with a silent agent: since when this replica saw it (monotonic)."""
         self._refused: dict[str, tuple[int, float]] = {}
         """Node → cordons the API refused in a row, and when to try again (monotonic)."""
+        self.aside: Callable[[str], bool] = lambda _node: False
+        """Whether a GPU maintenance holds a node (set by the maintainer): we stand aside."""
 
     def reset(self) -> None:
         """Leadership lost or remediation off: forget everything but what the nodes hold."""
@@ -172,6 +174,14 @@ class FaultLoop:
                 marks.history(node), places(tuple(faults)), self.act.now(), args.repeat_window_s
             ),
         )
+
+    def _maintained(self, name: str, node: JsonDict) -> bool:
+        """Whether a GPU maintenance holds the node: its taint, and its status saying so."""
+        return marks.maintenance_taint(node) is not None and self.aside(name)
+
+    def affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
+        """Pods on the GPUs (every GPU pod for None) not leaving yet, in eviction order."""
+        return self._affected(name, gpus)
 
     def _affected(self, name: str, gpus: tuple[int, ...] | None) -> list[Assignment]:
         """Pods on the faulty GPUs (every GPU pod for None) not leaving yet.
@@ -269,10 +279,10 @@ class FaultLoop:
             self._unreachable.pop(name, None)
             self._refused.pop(name, None)
             return
-        if marks.opted_out(watched):
-            return
+        if marks.opted_out(watched) or self._maintained(name, watched):
+            return  # opted out, or a GPU maintenance holds it (its validation judges the GPUs)
         node = await self._current(name, watched, args)
-        if node is None or marks.opted_out(node):
+        if node is None or marks.opted_out(node) or self._maintained(name, node):
             return
         rec = self.records.get(name)
         obs = self.observe(name, node, args)

@@ -141,15 +141,15 @@ class Record:
         return {
             "state": self.phase.value,
             "reason": self.reason,
-            "since": _stamp(self.since),
+            "since": stamp(self.since),
             "owner": self.owner,
-            "started": _stamp(self.started),
+            "started": stamp(self.started),
             "gpus": None if self.gpus is None else list(self.gpus),
             "ownsCordon": self.owns_cordon,
             "request": self.request,
             "boot": self.boot,
             "faults": list(self.faults),
-            "history": [{"state": s, "at": _stamp(t), "why": w} for s, t, w in self.history],
+            "history": [{"state": s, "at": stamp(t), "why": w} for s, t, w in self.history],
             "waiting": self.waiting,
         }
 
@@ -163,8 +163,8 @@ class Record:
             return cls(
                 phase=Phase(doc["state"]),
                 reason=str(doc.get("reason", "")),
-                since=_epoch(doc["since"]),
-                started=_epoch(doc.get("started", doc["since"])),
+                since=epoch(doc["since"]),
+                started=epoch(doc.get("started", doc["since"])),
                 owner=str(doc.get("owner", "")),
                 gpus=None if gpus is None else tuple(int(g) for g in gpus),
                 owns_cordon=doc.get("ownsCordon", True) is not False,
@@ -172,7 +172,7 @@ class Record:
                 boot=str(doc.get("boot", "")),
                 faults=tuple(str(f) for f in doc.get("faults") or ()),
                 history=tuple(
-                    (str(h["state"]), _epoch(h["at"]), str(h.get("why", "")))
+                    (str(h["state"]), epoch(h["at"]), str(h.get("why", "")))
                     for h in doc.get("history") or ()
                 ),
                 waiting=str(doc.get("waiting") or ""),
@@ -181,7 +181,8 @@ class Record:
             raise ValueError(f"not a remediation record: {exc}") from None
 
 
-def _stamp(t: float) -> str:
+def stamp(t: float) -> str:
+    """A time as records keep it: RFC 3339 UTC with microseconds."""
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -189,7 +190,8 @@ _LATEST_S = 32503680000.0
 """Year 3000: a later (or a negative) time in a record is not one we wrote."""
 
 
-def _epoch(text: Any) -> float:
+def epoch(text: Any) -> float:
+    """A time a record holds, in seconds (``ValueError`` outside year 0 of the epoch to 3000)."""
     t = datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
     if not 0 <= t < _LATEST_S:
         raise ValueError(f"time out of range: {text}")
@@ -213,14 +215,14 @@ def history_from_json(text: str | None) -> History:
     """A history read back from its annotation (an unreadable one counts as empty)."""
     try:
         doc = json.loads(text or "{}")
-        return {str(w): tuple(_epoch(t) for t in ts) for w, ts in dict(doc).items()}
+        return {str(w): tuple(epoch(t) for t in ts) for w, ts in dict(doc).items()}
     except (ValueError, TypeError):
         return {}
 
 
 def history_to_json(history: History) -> str:
     """A history as its annotation holds it."""
-    return json.dumps({w: [_stamp(t) for t in ts] for w, ts in sorted(history.items())})
+    return json.dumps({w: [stamp(t) for t in ts] for w, ts in sorted(history.items())})
 
 
 def places(faults: tuple[str, ...]) -> set[str]:
@@ -264,7 +266,7 @@ def step(
     """
     # The annotation holds microseconds: decide on the time a new leader would read back, so
     # that a restart never turns a wait that just ended into one that has not.
-    now = _epoch(_stamp(now))
+    now = epoch(stamp(now))
     faults = obs.faults
     if rec is None:
         if not faults:

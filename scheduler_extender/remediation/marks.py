@@ -16,6 +16,7 @@ import orjson
 from scheduler_extender.k8s.client import JsonDict
 from scheduler_extender.names import (
     HEALTH_CONDITION,
+    MAINTENANCE_TAINT,
     MANAGED_RESOURCES,
     REMEDIATION_ANNOTATION,
     REMEDIATION_HISTORY_ANNOTATION,
@@ -89,16 +90,22 @@ def our_taint(node: JsonDict) -> JsonDict | None:
     return next((dict(t) for t in _taints(node) if t.get("key") == UNHEALTHY_TAINT), None)
 
 
-def decided_on(node: JsonDict) -> tuple[Any, ...]:
-    """What of a node a fault-loop decision reads.
+def maintenance_taint(node: JsonDict) -> JsonDict | None:
+    """The taint of the GPU maintenance holding the node, if there (its value names it)."""
+    return next((dict(t) for t in _taints(node) if t.get("key") == MAINTENANCE_TAINT), None)
 
-    Our record, the cordon, our taint, the opt-out label and the repeat history.
+
+def decided_on(node: JsonDict) -> tuple[Any, ...]:
+    """What of a node a remediation decision reads.
+
+    Our record, the cordon, our taints, the opt-out label and the repeat history.
     """
     unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
     return (
         annotation(node),
         unschedulable,
         our_taint(node),
+        maintenance_taint(node),
         opted_out(node),
         annotation(node, REMEDIATION_HISTORY_ANNOTATION),
     )

@@ -1,10 +1,11 @@
 """The leader's remediation round, every few seconds: one controller per job, one actuator.
 
 Thermal migration (``thermal.Migration``), memory budgets and lent blocks taken back
-(``memory.Budgets``, ``memory.Reclaim``) and the GPU fault loop (``faultloop.FaultLoop``) act
-through one ``Actuator``, whose gate every action passes (enabled, paused, leadership, opt-out,
-fresh telemetry) and which owns timeouts, fencing, the disruption budget and Events. A round
-that finds leadership gone stops where it is.
+(``memory.Budgets``, ``memory.Reclaim``), the GPU fault loop (``faultloop.FaultLoop``) and GPU
+maintenances (``maintainer.Maintainer``) act through one ``Actuator``, whose gate every action
+passes (enabled, paused, leadership, opt-out, fresh telemetry) and which owns timeouts,
+fencing, the disruption budget and Events. A round that finds leadership gone stops where it
+is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from scheduler_extender.remediation.actuator import CALL_TIMEOUT_S, COMPONENT, A
 from scheduler_extender.remediation.breaker import CONFIG_MAP
 from scheduler_extender.remediation.faultloop import FaultLoop
 from scheduler_extender.remediation.faults import Record
+from scheduler_extender.remediation.maintainer import Maintainer
 from scheduler_extender.remediation.memory import Budgets, Reclaim
 from scheduler_extender.remediation.slices import SlicePublisher
 from scheduler_extender.remediation.thermal import Eviction, Migration
@@ -70,6 +72,7 @@ class Remediator:
         self.faults = FaultLoop(
             state, self.act, nodes=nodes, pods=pods, synced=synced, identity=identity,
         )  # fmt: skip
+        self.maintainer = Maintainer(state, self.act, self.faults, nodes=nodes, synced=synced)
         self.slices = (
             SlicePublisher(state, self.act, nodes, dra, synced) if dra is not None else None
         )
@@ -87,7 +90,7 @@ class Remediator:
         args = self.state.policy.spec.remediation
         if args.dry_run:
             return {}
-        return self.faults.requests(node, args)
+        return {**self.faults.requests(node, args), **self.maintainer.requests(node, args)}
 
     async def step(self) -> list[Eviction]:
         """One round: thermal migration, memory budgets, lent blocks taken back, the fault loop.
@@ -107,7 +110,8 @@ class Remediator:
         due: list[Eviction] = []
         controllers = (("thermal migration", self.migration.step), ("memory budgets",
                        self.budgets.step), ("reclaim", self.reclaim.step),
-                       ("fault loop", lambda: self.faults.step(args)))  # fmt: skip
+                       ("fault loop", lambda: self.faults.step(args)),
+                       ("maintenance", lambda: self.maintainer.step(args)))  # fmt: skip
         for what, run in controllers:
             try:
                 out = await run()
@@ -130,6 +134,7 @@ class Remediator:
         """Not acting: what was seen starts over (grace periods, unreachable times, ledger)."""
         self.faults.reset()
         self.budgets.reset()
+        self.maintainer.reset()
 
     def view(self) -> list[dict[str, Any]]:
         """``GET /debug/remediation``: every node not healthy, its history and next step."""

@@ -60,6 +60,11 @@ LentBlocks = Annotated[int, Strict(), Field(gt=0, le=MAX_LENT_BLOCKS)]
 RequestId = Annotated[str, Strict(), StringConstraints(pattern=r"^[\x21-\x7e]{1,64}$")]
 """Printable ASCII with no space: it is written into the reboot sentinel."""
 BootId = Annotated[str, Strict(), StringConstraints(pattern=r"^[\x21-\x7e]{1,128}$")]
+ValidationLevel = Annotated[int, Strict(), Field(ge=1, le=3)]
+StepName = Annotated[
+    str, Strict(), StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+]
+"""A maintenance step's name: a DNS label, looked up in the agent's own allow-list."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,22 @@ class Ask:
     boot: BootId | None = None
     """The boot the decision was made for (the host's boot id, else the agent's); None when
     the answer does not say (a self-test; a reboot ask naming no boot is refused)."""
+    level: ValidationLevel | None = None
+    """A self-test's depth: 1 quick (the fault loop's), 2 medium, 3 long (a maintenance's
+    validation may ask for more); None: 1."""
 
     @model_validator(mode="before")
     @classmethod
     def _plain_id(cls, doc: object) -> object:
         return {"id": doc} if isinstance(doc, str) else doc
+
+
+@dataclass(frozen=True)
+class StepAsk:
+    """A GPU maintenance's request: run this step of the agent's allow-list, once per id."""
+
+    id: RequestId
+    step: StepName
 
 
 class AnswerPolicy(BaseModel):
@@ -115,6 +131,8 @@ class PushAnswer(BaseModel):
     """Idle blocks each GPU lends to best-effort pods, by GPU uuid."""
     self_test: Ask | None = None
     reboot: Ask | None = None
+    maintenance: StepAsk | None = None
+    """A GPU maintenance's step to run (a name in the agent's allow-list, never a command)."""
     reason: str | None = None
     """Why the report was not accepted, for a person reading the answer (agents act on none)."""
 

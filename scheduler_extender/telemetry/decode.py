@@ -19,6 +19,7 @@ from scheduler_extender.telemetry.report import (
     GpuReport,
     NodeHealth,
     PodHolder,
+    StepResult,
     TelemetryReport,
     decode_push,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "NodeHealth",
     "PodHolder",
     "ReportError",
+    "StepResult",
     "TelemetryReport",
     "decode_report",
     "report_from",

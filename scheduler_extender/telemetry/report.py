@@ -101,6 +101,9 @@ class GpuReport(GpuReadings, frozen=True, gc=False):
     uuid: Annotated[str, _text(128, min_length=1)]
     model: Annotated[str, _text(128)] | None = None
     vendor: Annotated[str, _text(32)] | None = None
+    driver_version: Annotated[str, _text(64)] | None = None
+    vbios_version: Annotated[str, _text(64)] | None = None
+    inforom_version: Annotated[str, _text(64)] | None = None
     throttle_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
     ecc_uncorrected: _NonNegInt | None = None
     xid_last: _NonNegInt | None = None
@@ -117,6 +120,16 @@ class SelfTestResult(msgspec.Struct, frozen=True, gc=False):
 
     id: Annotated[str, _text(64, min_length=1)]
     verdict: Literal["pass", "fail"]
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
+class StepResult(msgspec.Struct, frozen=True, gc=False):
+    """The result of the maintenance step the extender asked for."""
+
+    id: Annotated[str, _text(64, min_length=1)]
+    step: Annotated[str, _text(63, min_length=1)]
+    outcome: Literal["pass", "fail"]
+    reboot: bool = False
     detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
@@ -155,7 +168,9 @@ def _holders_problem(holders: tuple[PodHolder, ...]) -> str | None:
 
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
-_gpu_texts = operator.attrgetter("uuid", "model", "vendor")
+_gpu_texts = operator.attrgetter(
+    "uuid", "model", "vendor", "driver_version", "vbios_version", "inforom_version"
+)
 _process_texts = operator.attrgetter("pod_uid", "container")
 
 
@@ -165,9 +180,11 @@ def _has_control_character(report: TelemetryReport) -> bool:
     All of them joined are searched once; ASCII text (the usual) by deleting its printable
     characters, which leaves nothing.
     """
-    agent, test, labels = report.agent, report.self_test, report.labels
+    agent, test, labels, step = report.agent, report.self_test, report.labels, report.maintenance
     texts = [report.node, agent.version, agent.backend, agent.boot_id, report.host_boot_id,
              test.id if test else None, *labels, *labels.values()]  # fmt: skip
+    if step is not None:
+        texts += [step.id, step.step]
     texts += chain.from_iterable(map(_gpu_texts, report.gpus))
     for g in report.gpus:
         if g.processes:
@@ -194,6 +211,7 @@ class TelemetryReport(msgspec.Struct, frozen=True, gc=False):
     node_health: NodeHealth = msgspec.field(default_factory=NodeHealth)
     hot_threshold_c: _Celsius | None = None
     self_test: SelfTestResult | None = None
+    maintenance: StepResult | None = None
     host_boot_id: Annotated[str, _text(64)] | None = None
     holders: (
         Annotated[tuple[PodHolder, ...], msgspec.Meta(max_length=MAX_HOLDERS_PER_NODE)] | None

@@ -87,6 +87,12 @@ class GpuReport(_Model, GpuReadings):
     """As the driver names it (``Tesla T4``); any unicode but control characters."""
     vendor: Annotated[str, Field(max_length=32, pattern=TEXT_PATTERN)] | None = None
     """``nvidia``, ``amd`` or ``intel``."""
+    driver_version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
+    """The driver the GPU runs under (``570.86.15``); what a maintenance upgrades."""
+    vbios_version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
+    """The board's VBIOS (firmware) version."""
+    inforom_version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
+    """NVIDIA's InfoROM image version."""
     throttle_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(
         default_factory=list
     )
@@ -109,6 +115,17 @@ class SelfTestResult(_Model):
     verdict: Literal["pass", "fail"]
     detail: Annotated[str, Field(max_length=1024)] = ""
     """Free text (a tool's output may span lines): written escaped wherever it is shown."""
+
+
+class StepResult(_Model):
+    """The result of the maintenance step the extender asked for (``maintenance.id``)."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
+    step: Annotated[str, Field(min_length=1, max_length=63, pattern=TEXT_PATTERN)]
+    outcome: Literal["pass", "fail"]
+    reboot: bool = False
+    """The step's entry in the agent's allow-list asks for a reboot after it passes."""
+    detail: Annotated[str, Field(max_length=1024)] = ""
 
 
 class PodHolder(_Model):
@@ -138,6 +155,9 @@ class TelemetryReport(_Model):
     self_test: SelfTestResult | None = None
     """The last self-test the extender asked for, once it has run (repeated in every report
     until the next request)."""
+    maintenance: StepResult | None = None
+    """The last maintenance step the extender asked for, once it has run (repeated in every
+    report until the next request, and across the agent's restarts)."""
     host_boot_id: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
     """The host's boot id (``/proc/sys/kernel/random/boot_id``): a new one means the node
     rebooted, where a new ``agent.boot_id`` means only that the agent restarted."""

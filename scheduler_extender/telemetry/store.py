@@ -50,6 +50,10 @@ class NodeStatus(msgspec.Struct, frozen=True, gc=False):
     """Unhealthy GPUs, in report order (a degraded GPU is no fault: the filter judges it)."""
     self_test: tuple[str, Literal["pass", "fail"]] | None = None
     """(request id, verdict) of the last self-test the agent reported."""
+    self_test_detail: str = ""
+    """What the agent said of that self-test (its failed checks)."""
+    step: tuple[str, Literal["pass", "fail"], bool, str] | None = None
+    """(request id, outcome, reboot wanted, detail) of the last maintenance step it ran."""
     agent_boot: str = ""
     """The agent's own boot id (a new one: the agent restarted)."""
     host_boot: str | None = None
@@ -68,10 +72,12 @@ def status_of(report: TelemetryReport) -> NodeStatus:
         if g.health == "unhealthy":
             reasons = tuple(r for r in g.health_reasons if r not in DEGRADED_REASONS)
             faults.append(GpuFault(g.index, reasons or ("unhealthy",)))
-    test = report.self_test
+    test, step = report.self_test, report.maintenance
     return NodeStatus(
         faults=tuple(faults),
         self_test=None if test is None else (test.id, test.verdict),
+        self_test_detail="" if test is None else test.detail,
+        step=None if step is None else (step.id, step.outcome, step.reboot, step.detail),
         agent_boot=report.agent.boot_id,
         host_boot=report.host_boot_id,
     )

@@ -34,6 +34,18 @@ def test_milliwatts_and_bytes_are_converted_at_the_edge():
     )
 
 
+def test_driver_vbios_and_inforom_versions_are_read_and_reported():
+    fake = FakePynvml([FakeGpu(), FakeGpu(not_supported={"nvmlDeviceGetInforomImageVersion"})])
+    b = backend(fake)
+    first, second = b.read(0), b.read(1)
+    assert (first.driver_version, first.vbios_version, first.inforom_version) == (
+        "570.86.15", "96.00.74.00.01", "G525.0200.00.05",
+    )  # fmt: skip
+    assert second.inforom_version is None and second.vbios_version == "96.00.74.00.01"
+    fake.driver_version = "575.51.03"  # upgraded under a running agent
+    assert b.read(0).driver_version == "575.51.03"
+
+
 def test_not_supported_fields_read_as_none_never_as_made_up_numbers():
     gpu = FakeGpu(
         not_supported={

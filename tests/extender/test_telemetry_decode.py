@@ -31,6 +31,7 @@ def _struct_fields(struct):
         (schema.GpuReport, decode.GpuReport),
         (schema.GpuProcess, decode.GpuProcess),
         (schema.PodHolder, decode.PodHolder),
+        (schema.StepResult, decode.StepResult),
     ],
 )
 def test_both_definitions_have_the_same_fields_and_defaults(model, struct):

@@ -10,7 +10,9 @@ through a kubeconfig — never by patching client methods:
   PodDisruptionBudget allows no disruption), PodDisruptionBudgets (create, list);
 * ``coordination.k8s.io`` Leases (get, create, replace with optimistic concurrency), core
   events (create, list), ``authentication.k8s.io`` TokenReviews (a token table set by tests),
-  and the cluster-scoped ``kepler.io/v1`` GPUSchedulingPolicy custom resource with ``/status``.
+  the cluster-scoped ``kepler.io/v1`` GPUSchedulingPolicy and ``edgegpu.io/v1alpha1``
+  GPUMaintenance custom resources with ``/status`` (an object with finalizers is only marked
+  deleted until they are removed).
 
 Watches can be dropped (``drop_watches``) and the history compacted (``compact``): a watch
 from an older resourceVersion then gets a 410 Gone ERROR event, as from a real API server.
@@ -58,6 +60,7 @@ KINDS = {
         Kind("configmaps", "ConfigMap", "v1", True),
         Kind("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
         Kind("gpuschedulingpolicies", "GPUSchedulingPolicy", "kepler.io/v1", False),
+        Kind("gpumaintenances", "GPUMaintenance", "edgegpu.io/v1alpha1", False),
         Kind("resourceslices", "ResourceSlice", "resource.k8s.io/v1", False),
         Kind("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True),
     )
@@ -624,6 +627,9 @@ class FakeKube:
                         raise ApiError(409, "Conflict", f"Precondition failed: {field_name} in "
                                        f"precondition: {wanted[field_name]}, in object meta: "
                                        f"{meta.get(field_name)}")  # fmt: skip
+                if meta.get("finalizers"):  # as the API server: deleted once they are gone
+                    meta.setdefault("deletionTimestamp", "2026-12-02T10:00:00Z")
+                    return 200, copy.deepcopy(self._record(plural, "MODIFIED", current))
                 self.objects.pop(key)
                 self._record(plural, "DELETED", current)
                 return 200, copy.deepcopy(current)
@@ -662,6 +668,11 @@ class FakeKube:
                     new = merge_patch(current, patch)
                 new["metadata"]["uid"] = current["metadata"]["uid"]
                 self._generation(current, new)
+                if new["metadata"].get("deletionTimestamp") and not new["metadata"].get(
+                    "finalizers"
+                ):
+                    self.objects.pop(key)
+                    return 200, copy.deepcopy(self._record(plural, "DELETED", new))
                 self.objects[key] = new
                 return 200, copy.deepcopy(self._record(plural, "MODIFIED", new))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")

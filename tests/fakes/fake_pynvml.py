@@ -74,6 +74,8 @@ class FakeGpu:
     not_supported: set[str] = field(default_factory=set)
     """Function names that answer NotSupported for this GPU."""
     locked_clocks: tuple[int, int] | None = None
+    vbios: str = "96.00.74.00.01"
+    inforom: str = "G525.0200.00.05"
 
 
 class FakePynvml:
@@ -145,6 +147,12 @@ class FakePynvml:
 
     def nvmlDeviceGetName(self, h: Any) -> str:
         return self._gpu(h, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetVbiosVersion(self, h: Any) -> str:
+        return self._gpu(h, "nvmlDeviceGetVbiosVersion").vbios
+
+    def nvmlDeviceGetInforomImageVersion(self, h: Any) -> str:
+        return self._gpu(h, "nvmlDeviceGetInforomImageVersion").inforom
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return self._gpu(h, "nvmlDeviceGetTemperature").temperature_c

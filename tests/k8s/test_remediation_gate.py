@@ -24,7 +24,7 @@ from scheduler_extender.names import (
 )
 from scheduler_extender.policy.document import parse_policy
 from scheduler_extender.remediation.actuator import backoff_s
-from scheduler_extender.remediation.faults import _stamp
+from scheduler_extender.remediation.faults import stamp as _stamp
 from scheduler_extender.remediation.runner import Remediator
 from scheduler_extender.telemetry.decode import report_from
 from tests.builders import gpu, report

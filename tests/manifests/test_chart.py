@@ -63,7 +63,11 @@ def _kustomized() -> dict[tuple[str, str, str], dict[str, Any]]:
     tags = {i["name"]: i["newTag"] for i in kustomization["images"]}
     text = "\n---\n".join(
         (manifests / r).read_text()
-        for r in [*kustomization["resources"], "crd/gpuschedulingpolicies.yaml"]
+        for r in [
+            *kustomization["resources"],
+            "crd/gpuschedulingpolicies.yaml",
+            "crd/gpumaintenances.yaml",
+        ]
     )
     objects = _objects(text)
     for obj in objects.values():

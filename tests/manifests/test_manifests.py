@@ -20,6 +20,8 @@ from scheduler_extender.cli.main import command_line as extender_command_line
 from scheduler_extender.config import ExtenderSettings
 from scheduler_extender.policy import crd
 from scheduler_extender.policy.document import parse_policy
+from scheduler_extender.remediation import crd as maintenance_crd
+from scheduler_extender.remediation.maintenance import MaintenanceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -79,7 +81,7 @@ def test_every_kustomization_lists_files_that_exist():
 
 
 def test_the_default_policy_is_the_seed_and_validates_against_the_crd_and_the_code():
-    crd = by_kind("CustomResourceDefinition")
+    crd = by_kind("CustomResourceDefinition", "gpuschedulingpolicies.kepler.io")
     assert (
         crd["spec"]["group"],
         crd["spec"]["names"]["kind"],
@@ -333,6 +335,15 @@ async def test_every_metric_the_dashboard_and_the_alerts_name_is_one_that_is_exp
 def test_the_crd_is_the_one_generated_from_the_policy_model():
     # `make crd` writes it; a policy field added without regenerating fails here.
     assert (MANIFESTS / "crd" / "gpuschedulingpolicies.yaml").read_text() == crd.render()
+
+
+def test_the_maintenance_crd_is_the_one_generated_from_its_model():
+    assert (MANIFESTS / "crd" / "gpumaintenances.yaml").read_text() == maintenance_crd.render()
+    doc = by_kind("CustomResourceDefinition", "gpumaintenances.edgegpu.io")
+    spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["properties"]) == {
+        info.alias or name for name, info in MaintenanceSpec.model_fields.items()
+    }
 
 
 def test_the_extender_and_the_scheduler_never_run_on_an_edge_node():
