@@ -111,7 +111,7 @@ class FaultLoop:
     def requests(self, node: str, args: RemediationArgs) -> dict[str, Any]:
         """Requests for the node's agent, through the gate (the caller checks the dry run)."""
         rec = self.records.get(node)
-        if rec is None or self.act.refusal(node, args) is not None:
+        if rec is None or self.aside(node) or self.act.refusal(node, args) is not None:
             return {}
         if rec.phase in (Phase.SELF_TEST, Phase.VERIFYING):
             return {"self_test": {"id": rec.request}}

@@ -111,6 +111,8 @@ class Maintainer:
         """Nodes some maintenance holds, as last read (None: not read yet)."""
         self.fresh = True
         """No round run yet since this replica started leading (or remediation came back)."""
+        self._stuck: dict[str, float] = {}
+        """Nodes unavailable and out of reach: since when this replica saw it (monotonic)."""
         faults.aside = self.holds
         self.running: Running | None = None
         """The maintenance in progress, as last written (None: none, or not leading)."""
@@ -122,6 +124,7 @@ class Maintainer:
         self.running = None
         self._holding = None
         self.fresh = True
+        self._stuck.clear()  # seen again from the start: never shorter
 
     def holds(self, node: str) -> bool:
         """Whether a maintenance holds the node (the fault loop then stands aside on it).
@@ -173,11 +176,7 @@ class Maintainer:
         read: list[tuple[JsonDict, MaintenanceSpec | None, Progress | None, str]] = []
         for doc in items:
             read.append(self._read(doc))
-        holding: set[str] = set()
-        for _, _, progress, _ in read:
-            if progress is not None:
-                holding |= {n for n, r in progress.nodes.items() if r.wants_marks}
-        self._holding = holding
+        self._holding = self._held(read, None)
         # The one to run: a maintenance with nodes in the workflow first (never two at once),
         # else the oldest not finished. An unreadable or frozen one blocks the rest.
         live = [r for r in read if r[2] is None or r[2].phase not in FINISHED]
@@ -189,7 +188,7 @@ class Maintainer:
             name = str(_meta(doc)["name"])
             try:
                 if spec is None or problem:
-                    await self._invalid(doc, progress, problem)
+                    await self._invalid(doc, progress, problem, args)
                 elif progress is not None and progress.phase in FINISHED:
                     await self._settle(doc, name, progress, args)
                 elif first is not None and doc is not first[0]:
@@ -200,7 +199,7 @@ class Maintainer:
                                                since=self.act.now())  # fmt: skip
                             await self._write(doc, waiting, progress)
                         if _meta(doc).get("deletionTimestamp"):
-                            await self._let_go(doc, progress)
+                            await self._let_go(doc, progress, args)
                 else:
                     running = await self._run(doc, name, spec, progress, args)
             except NotLeading:
@@ -208,8 +207,31 @@ class Maintainer:
             except Exception:  # one maintenance's odd data never stops the others
                 log.exception("maintenance %s: round failed; carrying on", name)
         self.running = running
-        self.fresh = False
+        self._holding = self._held(read, running)  # with what this round wrote
+        if running is not None:
+            self.fresh = False
         await self._sweep({_meta(d)["name"] for d in items}, args)
+
+    def _held(
+        self,
+        read: list[tuple[JsonDict, MaintenanceSpec | None, Progress | None, str]],
+        running: Running | None,
+    ) -> set[str]:
+        """The nodes some maintenance holds.
+
+        Its status says so, or (a status that cannot be read) the node carries its taint.
+        """
+        nodes = self.nodes()
+        held: set[str] = set()
+        for doc, _, progress, problem in read:
+            name = str(_meta(doc)["name"])
+            if running is not None and name == running.name:
+                progress = running.progress
+            if progress is not None:
+                held |= {n for n, r in progress.nodes.items() if r.wants_marks}
+            if problem:
+                held |= {n for n, obj in nodes.items() if _ours(obj, name)}
+        return held
 
     def _read(self, doc: JsonDict) -> tuple[JsonDict, MaintenanceSpec | None, Progress | None, str]:
         """(the object, its spec, its status, what is wrong with them: "" for nothing)."""
@@ -230,7 +252,9 @@ class Maintainer:
             spec = spec.model_copy(update={"abort": True})
         return doc, spec, progress, ""
 
-    async def _invalid(self, doc: JsonDict, progress: Progress | None, problem: str) -> None:
+    async def _invalid(
+        self, doc: JsonDict, progress: Progress | None, problem: str, args: RemediationArgs
+    ) -> None:
         """A maintenance whose spec or status cannot be read: said, its nodes kept as they are.
 
         One with nodes in the workflow is frozen (nothing advances, nothing is let go) until a
@@ -246,7 +270,7 @@ class Maintainer:
         if progress is None or progress.phase is not Phase.INVALID or progress.message != problem:
             invalid = Progress(Phase.INVALID, message=problem, since=self.act.now())
             await self._write(doc, invalid, progress)
-        await self._let_go(doc, None)
+        await self._let_go(doc, None, args)
 
     async def _settle(
         self, doc: JsonDict, name: str, progress: Progress, args: RemediationArgs
@@ -257,8 +281,10 @@ class Maintainer:
         """
         nodes = self.nodes()
         for node, entry in progress.nodes.items():
-            await self._match(name, node, nodes.get(node), entry, args)
-        await self._let_go(doc, progress)
+            obj = nodes.get(node)
+            if obj is not None and _ours(obj, name):  # never a later maintenance's node
+                await self._match(name, node, obj, entry, args)
+        await self._let_go(doc, progress, args)
 
     async def _sweep(self, names: set[str], args: RemediationArgs) -> None:
         """Our taint naming a maintenance that no longer exists: removed, with a Warning Event.
@@ -326,12 +352,6 @@ class Maintainer:
             progress = replace(progress, nodes={
                 n: replace(r, since=max(r.since, now)) if r.state in ACTIVE else r
                 for n, r in progress.nodes.items()})  # fmt: skip
-        # An entry for a node the spec does not select, and that carries no taint of ours,
-        # cannot be ours: a status edited by hand is not followed there.
-        progress = replace(progress, nodes={
-            n: r for n, r in progress.nodes.items()
-            if n not in nodes or spec.selects(n, _meta(nodes[n]).get("labels") or {})
-            or _ours(nodes[n], name)})  # fmt: skip
         seen = {n: self._seen(n, nodes.get(n), name, args, n in gpu) for n in progress.nodes}
         new = advance(spec, progress, seen, now, lambda: uuid.uuid4().hex[:12])
         if new != progress or self.fresh:
@@ -369,14 +389,23 @@ class Maintainer:
             step = status.step
             boot = status.boot or None
             faults = tuple(f"gpu{f.index}:{r}" for f in status.faults for r in f.reasons)
+        unavailable = not _ready(obj) or (cordoned and not ours)
+        may_act = self.act.refusal(node, args) is None
+        mono = self.act.clock.monotonic()
+        if unavailable and (record is not None or not may_act):
+            stuck_s = mono - self._stuck.setdefault(node, mono)
+        else:
+            self._stuck.pop(node, None)
+            stuck_s = 0.0
         return Seen(
             exists=True,
             cordoned=cordoned,
             ours=ours,
-            unavailable=not _ready(obj) or (cordoned and not ours),
+            unavailable=unavailable,
+            stuck_s=stuck_s,
             held_elsewhere="" if record is None else f"the fault loop holds it ({record.phase})",
             opted_out=marks.opted_out(obj),
-            may_act=self.act.refusal(node, args) is None,
+            may_act=may_act,
             # Leaving pods count until they are gone: a step never runs under a GPU still used.
             pods_left=len(self.state.allocations.on_node(node)),
             step=step,
@@ -559,7 +588,9 @@ class Maintainer:
         for pod in self.faults.affected(node, None):
             await self.act.evict(pod, "maintenance", f"GPU maintenance {name} on node {node}", args)
 
-    async def _let_go(self, doc: JsonDict, progress: Progress | None) -> None:
+    async def _let_go(
+        self, doc: JsonDict, progress: Progress | None, args: RemediationArgs
+    ) -> None:
         """A finished maintenance being deleted: our taints and labels off, then the finalizer.
 
         A failed node a person has not handed back stays cordoned (only our taint and label
@@ -577,10 +608,17 @@ class Maintainer:
                 progress is not None
                 and node in progress.nodes
                 and labels.get(MAINTENANCE_STATE_LABEL) is not None
+                and node not in (self._holding or ())  # another maintenance's label now
             ):
                 continue
+            if self.act.refusal(node, args, fresh=False) is not None:
+                return  # opted out, paused...: the finalizer waits
+            entry = progress.nodes.get(node) if progress is not None else None
+            # A done or handed-back node whose uncordon never landed is uncordoned now.
+            lift = entry is not None and entry.owns_cordon and entry.state in (
+                State.DONE, State.PENDING)  # fmt: skip
 
-            def build(current: JsonDict, name: str = name) -> JsonDict:
+            def build(current: JsonDict, name: str = name, lift: bool = lift) -> JsonDict:
                 patch: JsonDict = {"metadata": {"labels": {MAINTENANCE_STATE_LABEL: None}}}
                 if _ours(current, name):
                     patch["spec"] = {
@@ -590,6 +628,8 @@ class Maintainer:
                             if t.get("key") != MAINTENANCE_TAINT
                         ]
                     }
+                    if lift:
+                        patch["spec"]["unschedulable"] = None
                 return patch
 
             try:

@@ -68,7 +68,7 @@ class MaintenanceSpec(BaseModel):
         description="Labels a node must carry to be maintained ({} = every GPU node).",
     )
     nodes: list[NodeName] | None = Field(
-        None, max_length=5000, description="Node names to maintain (with nodeSelector: both)."
+        None, max_length=2000, description="Node names to maintain (with nodeSelector: both)."
     )
     step: StepName = Field(
         description="The step each node's agent runs: a name in the agents' own allow-list "
@@ -78,7 +78,7 @@ class MaintenanceSpec(BaseModel):
         1,
         alias="maxUnavailable",
         ge=1,
-        le=10000,
+        le=500,
         description="Nodes of the maintenance unavailable at once: in the workflow, or "
         "NotReady, cordoned or held by the fault loop for another reason.",
     )
@@ -332,6 +332,8 @@ class Seen:
     faults: tuple[str, ...] = ()
     drivers: tuple[str, ...] = ()
     """The driver versions the node's GPUs report (one each; empty: not known)."""
+    stuck_s: float = 0.0
+    """How long the node has been unavailable and out of reach, as this leader saw it."""
 
 
 def _at(spec: MaintenanceSpec, s: Seen) -> bool:
@@ -440,14 +442,13 @@ def advance(
         if _at(spec, s):
             nodes[name] = run.to(State.SKIPPED, now, f"already at driver {spec.driver_version}")
             continue
-        stuck = s.unavailable and (bool(s.held_elsewhere) or not s.may_act)
-        if stuck and now - run.since > spec.drain_timeout_s:
+        if s.stuck_s > spec.drain_timeout_s:
             # NotReady or silent and out of reach for that long: it would hold a place forever.
             why = s.held_elsewhere or "unavailable, and its telemetry stale or the gate refusing"
             nodes[name] = run.to(
                 State.SKIPPED,
                 now,
-                f"{why} for {now - run.since:.0f} s (drainTimeout) before it could start",
+                f"{why} for {s.stuck_s:.0f} s (drainTimeout) before it could start",
             )
             busy.discard(name)
             continue

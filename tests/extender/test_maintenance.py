@@ -305,10 +305,11 @@ def test_a_node_still_carrying_our_taint_holds_its_place_until_the_uncordon_land
 
 def test_a_pending_node_out_of_reach_is_skipped_after_the_drain_timeout() -> None:
     f = Fleet(drainTimeout="10m")
-    f.seen["n0"] = replace(f.seen["n0"], unavailable=True, may_act=False)  # NotReady, silent
-    f.round()
+    f.seen["n0"] = replace(f.seen["n0"], unavailable=True, may_act=False, stuck_s=2.0)
+    f.round(after_s=3600)  # the maintenance is old; the node has been out of reach 2 s
     assert f.state("n0") is State.PENDING and f.state("n1") is State.PENDING  # n0 holds it
-    f.round(after_s=601)
+    f.seen["n0"] = replace(f.seen["n0"], stuck_s=601.0)
+    f.round()
     assert f.state("n0") is State.SKIPPED and "drainTimeout" in f.progress.nodes["n0"].message
     assert f.state("n1") is State.DRAINING
 

@@ -328,3 +328,23 @@ async def test_a_taint_naming_a_maintenance_that_is_gone_is_removed_and_the_cord
     node = f.node("n2")
     assert not node["spec"].get("taints") and node["spec"]["unschedulable"]
     assert f.events("EdgeGPUMaintenanceOrphaned")
+
+
+async def test_a_node_silent_for_the_drain_timeout_is_skipped_as_this_leader_saw_it(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    f = Fleet(kube, kubeconfig)
+    f.maintain(nodes=["n0", "n1"], nodeSelector=None, drainTimeout="60s")
+    f.live("n0")["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    f.clock.advance(30.0)  # and its agent silent: its telemetry stale
+    r = f.remediator()
+    for _ in range(3):
+        f.clock.advance(2.0)
+        f.push("n1")
+        await r.step()
+    assert f.states() == {"n0": "pending", "n1": "pending"}  # n0 holds the one place
+    for _ in range(3):
+        f.clock.advance(30.0)
+        f.push("n1")
+        await r.step()
+    assert f.states()["n0"] == "skipped" and f.states()["n1"] != "pending"
