@@ -39,15 +39,13 @@ from pydantic import (
     ValidationError,
 )
 
-from scheduler_extender.telemetry.answer import StepAsk
+from scheduler_extender.telemetry.answer import StepAsk, StepName
 
 log = logging.getLogger("node_agent")
 
 STATE_FILE = "maintenance-step.json"
 OUTPUT_TAIL = 600
 """Characters of a step's output kept in its result (the end: where tools say what failed)."""
-
-StepName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
 
 
 def _seconds(value: object) -> object:

@@ -100,9 +100,9 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        _column("MaxTemp", "number", ".spec.thermalThrottling.maxTemp"),
-                        _column("CoolDown", "string", ".spec.thermalThrottling.coolDownPeriod"),
-                        _column(
+                        column("MaxTemp", "number", ".spec.thermalThrottling.maxTemp"),
+                        column("CoolDown", "string", ".spec.thermalThrottling.coolDownPeriod"),
+                        column(
                             "Accepted",
                             "string",
                             '.status.conditions[?(@.type=="Accepted")].status',
@@ -134,8 +134,12 @@ def crd() -> dict[str, Any]:
     }
 
 
-def _column(name: str, kind: str, path: str) -> dict[str, str]:
-    return {"name": name, "type": kind, "jsonPath": path}
+def column(name: str, kind: str, path: str, priority: int = 0) -> dict[str, Any]:
+    """One ``additionalPrinterColumns`` entry (``priority`` 1: shown with ``-o wide`` only)."""
+    out: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
+    if priority:
+        out["priority"] = priority
+    return out
 
 
 class NoAliases(yaml.SafeDumper):
@@ -146,10 +150,16 @@ class NoAliases(yaml.SafeDumper):
         return True
 
 
-def render() -> str:
-    """The CRD as the YAML file ``manifests/crd/`` holds."""
-    header = "# Generated from the policy model by `make crd`; edit the model, not this file.\n"
-    body = yaml.dump(crd(), Dumper=NoAliases, sort_keys=False, allow_unicode=True, width=100)
+def render(doc: dict[str, Any] | None = None, model: str = "policy") -> str:
+    """A CRD (the policy's by default) as the YAML file ``manifests/crd/`` holds."""
+    header = f"# Generated from the {model} model by `make crd`; edit the model, not this file.\n"
+    body = yaml.dump(
+        crd() if doc is None else doc,
+        Dumper=NoAliases,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+    )
     return header + body
 
 

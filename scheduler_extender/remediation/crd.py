@@ -11,10 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import yaml
-
 from scheduler_extender.names import MAINTENANCE_API_VERSION, MAINTENANCE_KIND, MAINTENANCE_PLURAL
-from scheduler_extender.policy.crd import NoAliases, structural
+from scheduler_extender.policy import crd as policy_crd
+from scheduler_extender.policy.crd import column, structural
 from scheduler_extender.remediation.maintenance import MaintenanceSpec
 
 
@@ -28,13 +27,6 @@ def spec_schema() -> dict[str, Any]:
     # Unknown keys reach the extender, which refuses the maintenance naming them (Invalid),
     # instead of the API server dropping a typo (``pasued: true``) without a word.
     out["x-kubernetes-preserve-unknown-fields"] = True
-    return out
-
-
-def _column(name: str, kind: str, path: str, priority: int = 0) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
-    if priority:
-        out["priority"] = priority
     return out
 
 
@@ -62,12 +54,12 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        _column("Step", "string", ".spec.step"),
-                        _column("Phase", "string", ".status.phase"),
-                        _column("Done", "integer", ".status.done"),
-                        _column("Nodes", "integer", ".status.total"),
-                        _column("Message", "string", ".status.message", priority=1),
-                        _column("Age", "date", ".metadata.creationTimestamp"),
+                        column("Step", "string", ".spec.step"),
+                        column("Phase", "string", ".status.phase"),
+                        column("Done", "integer", ".status.done"),
+                        column("Nodes", "integer", ".status.total"),
+                        column("Message", "string", ".status.message", priority=1),
+                        column("Age", "date", ".metadata.creationTimestamp"),
                     ],
                     "schema": {
                         "openAPIV3Schema": {
@@ -99,11 +91,7 @@ def crd() -> dict[str, Any]:
 
 def render() -> str:
     """The CRD as the YAML file ``manifests/crd/`` holds."""
-    header = (
-        "# Generated from the maintenance model by `make crd`; edit the model, not this file.\n"
-    )
-    body = yaml.dump(crd(), Dumper=NoAliases, sort_keys=False, allow_unicode=True, width=100)
-    return header + body
+    return policy_crd.render(crd(), "maintenance")
 
 
 if __name__ == "__main__":
