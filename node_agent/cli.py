@@ -36,6 +36,7 @@ from node_agent.dra.server import DraServer
 from node_agent.errors import BackendUnavailable
 from node_agent.loop import Agent
 from node_agent.protection import health, power
+from node_agent.protection.baseline import Baseline
 from node_agent.protection.maintenance import StepRunner
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.telemetry.report import host_boot_id
@@ -61,8 +62,16 @@ def command_line() -> SettingsCli[AgentSettings]:
     cli.flag(
         "--self-test",
         action="store_true",
-        help="run the backend's GPU self-test (NVIDIA: nvidia-smi, dcgmi diag, a CUDA probe; "
-        "AMD: amd-smi, rvs; Intel: xpu-smi diag) and exit",
+        help="run the backend's GPU self-test and regression suite (NVIDIA: NVML, nvidia-smi, "
+        "dcgmi diag, the CUDA samples, a CUDA context; AMD: amdsmi, amd-smi, rvs, "
+        "rocm-bandwidth-test; Intel: xpu-smi diag), print its verdict as JSON and exit",
+    )
+    cli.flag(
+        "--self-test-level",
+        type=int,
+        choices=[1, 2, 3],
+        default=1,
+        help="with --self-test: 1 quick, 2 medium (bandwidths), 3 long (P2P, dcgmi diag -r 3)",
     )
     cli.flag("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     cli.flag("--version", action="version", version=f"%(prog)s {__version__}")
@@ -90,13 +99,14 @@ def _backend(settings: AgentSettings) -> GpuBackend:
             "device_plugin_socket": settings.device_plugin_socket,
             "cuda_probe": CudaProbe() if settings.cuda_probe_interval_s > 0 else None,
             "probe_interval_s": settings.cuda_probe_interval_s or 60.0,
+            "tool_dirs": settings.diag_path,
         }
     elif settings.backend == "jetson":
-        options = {"root": settings.sysfs_root}
+        options = {"root": settings.sysfs_root, "tool_dirs": settings.diag_path}
     elif settings.backend == "amd":
-        options = {"proc_root": settings.proc_root}
+        options = {"proc_root": settings.proc_root, "tool_dirs": settings.diag_path}
     elif settings.backend == "intel":
-        options = {"dev_root": settings.dev_root}
+        options = {"dev_root": settings.dev_root, "tool_dirs": settings.diag_path}
     return load_backend(settings.backend, **options)
 
 
@@ -183,6 +193,7 @@ async def _run(
             labels=settings.labels,
             reboot_sentinel=settings.reboot_sentinel,
             steps=StepRunner(settings.maintenance_steps, settings.state_dir),
+            baseline=Baseline(settings.state_dir, settings.bandwidth_drop_pct),
             block_mib=settings.block_mib,
             host_boot_id=host_boot_id(),
             accept_looser_policy=settings.accept_looser_policy,
@@ -281,9 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.self_test:
         try:
-            verdict = backend.self_test()
+            verdict = backend.self_test(ns.self_test_level)
+            gpus = [backend.read(i).uuid for i in range(backend.device_count())]
         finally:
             backend.close()
+        try:
+            verdict = Baseline(settings.state_dir, settings.bandwidth_drop_pct).judge(verdict, gpus)
+        except Exception as exc:  # the verdict stands on its own
+            print(f"gpu-node-agent: the last pass's figures not compared: {exc}", file=sys.stderr)
         verdict["node"] = settings.node_name
         print(json.dumps(verdict, indent=2))
         return 0 if verdict["verdict"] == "pass" else 1

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from node_agent.backends.selftest import DEFAULT_TOOL_DIRS
 from node_agent.backends.simulated import SCENARIOS
 from node_agent.model import DEFAULT_BLOCK_MIB, MAX_BLOCK_MIB, MIN_BLOCK_MIB
 from node_agent.protection.health import DEFAULT_FATAL_XIDS
@@ -188,6 +189,19 @@ class AgentSettings(BaseSettings):
     )
     cuda_probe_interval_s: float = Field(
         60.0, ge=0, description="Seconds between CUDA context probes; 0 = off."
+    )
+    # The self-test (the fault loop's and a maintenance's validation).
+    diag_path: list[Path] = Field(
+        list(DEFAULT_TOOL_DIRS),
+        description="Folders searched before PATH for the self-test's programs (deviceQuery, "
+        "vectorAdd, bandwidthTest, p2pBandwidthLatencyTest; rvs, rocm-bandwidth-test).",
+    )
+    bandwidth_drop_pct: float = Field(
+        20.0,
+        ge=0,
+        lt=100,
+        description="A self-test bandwidth (GB/s) more than this % below the same check's at "
+        "this node's last passing self-test fails it (kept in --state-dir); 0 = not compared.",
     )
     # Jetson backend.
     sysfs_root: Path = Field(Path("/"), description="Root of sysfs/procfs for the Jetson backend.")

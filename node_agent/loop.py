@@ -21,6 +21,7 @@ from node_agent.deviceplugin.inventory import BlockInventory
 from node_agent.deviceplugin.state import StateFile
 from node_agent.model import ActionResult, GpuHealth, Snapshot
 from node_agent.protection import health, power
+from node_agent.protection.baseline import Baseline
 from node_agent.protection.local import LocalProtection
 from node_agent.protection.maintenance import StepRunner
 from node_agent.protection.remediation import Remediation
@@ -66,8 +67,13 @@ class Agent:
         state: StateFile | None = None,
         accept_looser_policy: bool = False,
         steps: StepRunner | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
-        """``steps``: the maintenance steps this node may be asked for (none: every ask fails)."""
+        """The agent of one node.
+
+        ``steps``: the maintenance steps this node may be asked for (none: every ask fails);
+        ``baseline``: the self-test's figures at this node's last pass (none: not compared).
+        """
         self.backend = backend
         self.steps = steps or StepRunner(None, None)
         self.interval_s = interval_s
@@ -99,6 +105,7 @@ class Agent:
             clock=clock,
             reboot_sentinel=reboot_sentinel,
             verified=self.protection.verified,
+            baseline=baseline,
         )
         self._said: set[str] = set()
         """What was logged already of the extenders' answers (a standing answer, every round)."""
@@ -139,6 +146,7 @@ class Agent:
     def _export(self, snap: Snapshot, healths: dict[int, GpuHealth]) -> None:
         view = self.metrics.view
         view.readings = list(snap.readings)
+        self.remediation.gpus = [r.uuid for r in snap.readings]
         view.energy.add(view.readings, snap.taken_at)
         view.health = healths
         view.checks = snap.checks

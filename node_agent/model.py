@@ -68,6 +68,8 @@ class GpuReading(GpuReadings):
     """The board's VBIOS (firmware) version."""
     inforom_version: str | None = None
     """NVIDIA's InfoROM image version."""
+    firmware_version: str | None = None
+    """The GPU's firmware where it has no VBIOS (Intel: its GFX firmware)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,21 @@ thermal and power-saving lever. No XID equivalent is read yet.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from node_agent.backends import diag_output
 from node_agent.backends.procmap import pod_of_pid
-from node_agent.backends.selftest import run_self_test
+from node_agent.backends.selftest import (
+    DEFAULT_TOOL_DIRS,
+    TIMEOUT_S,
+    Tool,
+    finder,
+    gpu_checks,
+    run_self_test,
+)
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
 
@@ -33,8 +41,21 @@ _NO_PERM: Final = 10
 LOST_AFTER_ERRORS: Final = 4
 """A GPU whose identity still reads but this many other reads fail (not as unsupported) is
 lost: a GPU gone from the bus can leave its cached uuid behind."""
-AMD_TOOLS: Final = (("amd-smi", ["amd-smi", "list"]), ("rvs", ["rvs", "-g"]))
-"""The self-test's tools on an AMD node: the GPUs answer amd-smi and the ROCm Validation Suite."""
+
+
+def amd_tools(level: int) -> tuple[Tool, ...]:
+    """The AMD suite at ``level``.
+
+    1: the GPUs answer ``amd-smi list`` and ``rvs -g``; 2 and 3 add the ROCm Validation
+    Suite's predefined level (``rvs -r <level>``) and rocm-bandwidth-test's copy bandwidths.
+    """
+    tools = [Tool("amd-smi", ("amd-smi", "list")), Tool("rvs-gpus", ("rvs", "-g"))]
+    if level >= 2:
+        tools += [
+            Tool(f"rvs-r{level}", ("rvs", "-r", str(level)), diag_output.rvs),
+            Tool("rocm-bandwidth-test", ("rocm-bandwidth-test",), diag_output.rocm_bandwidth),
+        ]
+    return tuple(tools)
 
 
 def _number(value: Any) -> float | None:
@@ -50,8 +71,13 @@ class AmdBackend:
     name = "amd"
 
     def __init__(
-        self, *, module: ModuleType | Any | None = None, proc_root: Path = Path("/proc")
+        self,
+        *,
+        module: ModuleType | Any | None = None,
+        proc_root: Path = Path("/proc"),
+        tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
     ) -> None:
+        self._which = finder(tool_dirs)
         self._smi: Any = module
         self._proc_root = proc_root
         self._handles: list[Any] = []
@@ -176,7 +202,20 @@ class AmdBackend:
             ecc_uncorrected=int(uncorrected) if uncorrected is not None else None,
             processes=tuple(p for p in (self._process(x) for x in procs) if p is not None),
             pci_bus_id=str(bdf) if bdf else None,
+            driver_version=self._version(h, "amdsmi_get_gpu_driver_info", "driver_version"),
+            vbios_version=self._version(h, "amdsmi_get_gpu_vbios_info", "version"),
         )
+
+    def _version(self, h: Any, function: str, key: str) -> str | None:
+        """A version string from an amdsmi info call; absent or failing: None, not a fault."""
+        fn = getattr(self._smi, function, None)  # older amdsmi releases lack some
+        try:
+            info = fn(h) if fn is not None else None
+        except self._smi.AmdSmiLibraryException:
+            return None
+        value = info.get(key) if isinstance(info, dict) else None
+        text = str(value).strip() if value is not None else ""
+        return text if text and text != "N/A" else None
 
     def _process(self, proc: Any) -> GpuProcess | None:
         if not isinstance(proc, dict) or not isinstance(proc.get("pid"), int):
@@ -244,5 +283,14 @@ class AmdBackend:
         raise NotSupported("clock locking is not implemented for AMD GPUs")
 
     def self_test(self, level: int = 1) -> dict[str, Any]:
-        """amd-smi and the ROCm Validation Suite's GPU listing, where present."""
-        return run_self_test(self.device_count(), tools=AMD_TOOLS, cuda=False)
+        """Amdsmi's word on every GPU, then the AMD suite at ``level`` where installed."""
+        count = self.device_count()
+        return run_self_test(
+            count,
+            which=self._which,
+            timeout_s=TIMEOUT_S[level],
+            tools=amd_tools(level),
+            cuda=False,
+            checks=gpu_checks(count, self.read),
+            bandwidth=level >= 2,
+        )

@@ -5,7 +5,7 @@ No maintained Python binding of Level Zero Sysman is on the package index, so th
 gives a GPU's uuid, name and memory, ``stats -d N -j`` its readings (device level). A metric
 xpu-smi does not print is ``None``; a GPU whose stats cannot be read is lost. The device-level
 power limit is read with ``config -d N -j`` and set with ``config -d N --powerlimit W``; clocks
-are not controlled. The self-test is ``xpu-smi diag`` level 1 on every GPU.
+are not controlled. The self-test is ``xpu-smi diag`` at the level asked, on every GPU.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+from node_agent.backends import diag_output, selftest
 from node_agent.backends.base import ReadOnlyControls
-from node_agent.backends.selftest import run_self_test
+from node_agent.backends.selftest import Tool, gpu_checks, run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits
 
@@ -43,6 +44,11 @@ class XpuSmiError(RuntimeError):
     def __init__(self, message: str, error: str = "") -> None:
         super().__init__(message)
         self.error = error
+
+
+def _version(value: object) -> str | None:
+    text = str(value).strip() if value is not None else ""
+    return text if text and text.lower() not in ("n/a", "unknown") else None
 
 
 def run_xpu_smi(args: Sequence[str]) -> str:
@@ -90,8 +96,14 @@ class IntelBackend(ReadOnlyControls):
     what = "Intel GPUs"
 
     def __init__(
-        self, *, run: Run | None = None, dev_root: Path = Path("/dev"), root: bool | None = None
+        self,
+        *,
+        run: Run | None = None,
+        dev_root: Path = Path("/dev"),
+        root: bool | None = None,
+        tool_dirs: Sequence[Path] = selftest.DEFAULT_TOOL_DIRS,
     ) -> None:
+        self._which = selftest.finder(tool_dirs)
         self._run = run
         self._dev_root = dev_root
         self._root = os.geteuid() == 0 if root is None else root
@@ -123,13 +135,20 @@ class IntelBackend(ReadOnlyControls):
             raise BackendUnavailable(f"xpu-smi lists no GPUs: {exc}") from None
         if not self._ids:
             raise BackendUnavailable("xpu-smi lists no GPUs")
+        self._discover()
+
+    def _discover(self) -> None:
+        """Each GPU's identity, memory, driver and firmware (``discovery -d N -j``)."""
         for device in self._ids:
             try:
                 info = self._json("discovery", "-d", str(device), "-j")
             except (RuntimeError, ValueError) as exc:
                 log.warning("gpu %d: no details from xpu-smi: %s", device, exc)
-                info = {}
-            self._info[device] = info if isinstance(info, dict) else {}
+                info = None
+            if isinstance(info, dict):
+                self._info[device] = info
+            else:  # what was read before stays (its uuid above all)
+                self._info.setdefault(device, {})
 
     def close(self) -> None:
         """Nothing to release."""
@@ -173,6 +192,8 @@ class IntelBackend(ReadOnlyControls):
             ecc_uncorrected=int(uncorrectable) if uncorrectable is not None else None,
             power_limit_w=self._limit_w.get(index),
             pci_bus_id=str(info["pci_bdf_address"]) if info.get("pci_bdf_address") else None,
+            driver_version=_version(info.get("driver_version")),
+            firmware_version=_version(info.get("gfx_firmware_version")),
         )
 
     def node_checks(self) -> NodeChecks:
@@ -241,9 +262,26 @@ class IntelBackend(ReadOnlyControls):
         raise XpuSmiError(f"xpu-smi: {error}", error)
 
     def self_test(self, level: int = 1) -> dict[str, Any]:
-        """``xpu-smi diag`` at ``level`` (1 to 3) on every GPU."""
+        """Each GPU reads, then ``xpu-smi diag`` at ``level`` (1 to 3) on every GPU.
+
+        The GPUs' details are read again first: after a driver or firmware update the
+        versions reported from then on are the new ones.
+        """
+        self._discover()
         tools = [
-            (f"xpu-smi-diag-gpu{d}", ["xpu-smi", "diag", "-d", str(d), "-l", str(level)])
+            Tool(
+                f"xpu-smi-diag-gpu{d}",
+                ("xpu-smi", "diag", "-d", str(d), "-l", str(level)),
+                diag_output.xpu_diag,
+            )
             for d in self._ids
         ]
-        return run_self_test(self.device_count(), tools=tools, cuda=False)
+        count = self.device_count()
+        return run_self_test(
+            count,
+            which=self._which,
+            timeout_s=selftest.TIMEOUT_S[level],
+            tools=tools,
+            cuda=False,
+            checks=gpu_checks(count, self.read),
+        )

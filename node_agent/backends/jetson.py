@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from node_agent.backends.base import ReadOnlyControls
-from node_agent.backends.selftest import nvidia_tools, run_self_test
+from node_agent.backends.selftest import (
+    DEFAULT_TOOL_DIRS,
+    TIMEOUT_S,
+    finder,
+    nvidia_tools,
+    run_self_test,
+)
 from node_agent.errors import BackendUnavailable, NotSupported
 from node_agent.model import GpuReading, NodeChecks
 
@@ -52,7 +59,14 @@ class JetsonBackend(ReadOnlyControls):
     name = "jetson"
     what = "Jetson"
 
-    def __init__(self, *, root: Path = Path("/"), load_file: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path = Path("/"),
+        load_file: str | None = None,
+        tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
+    ) -> None:
+        self._which = finder(tool_dirs)
         self._root = root
         self._load_file = load_file
         self._zone: Path | None = None
@@ -171,5 +185,8 @@ class JetsonBackend(ReadOnlyControls):
         raise NotSupported("Jetson power is set with nvpmodel modes, not a power limit")
 
     def self_test(self, level: int = 1) -> dict[str, Any]:
-        """nvidia-smi, ``dcgmi diag -r <level>`` and the CUDA context probe, where present."""
-        return run_self_test(self.device_count(), tools=nvidia_tools(level))
+        """The NVIDIA suite at ``level`` and the CUDA context probe, where present."""
+        count = self.device_count()
+        return run_self_test(
+            count, timeout_s=TIMEOUT_S[level], tools=nvidia_tools(level, count), which=self._which
+        )

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
 from node_agent.backends.cuda_probe import CudaProbe
 from node_agent.backends.procmap import pod_of_pid
-from node_agent.backends.selftest import nvidia_tools, run_self_test
+from node_agent.backends.selftest import (
+    DEFAULT_TOOL_DIRS,
+    TIMEOUT_S,
+    finder,
+    gpu_checks,
+    nvidia_tools,
+    run_self_test,
+)
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
 from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
 
@@ -65,7 +72,9 @@ class NvmlBackend:
         cuda_probe: CudaProbe | None = None,
         probe_interval_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
     ) -> None:
+        self._which = finder(tool_dirs)
         self._nv: Any = module
         self._proc_root = proc_root
         self._dev_root = dev_root
@@ -336,8 +345,43 @@ class NvmlBackend:
         self._set(self._nv.nvmlDeviceResetGpuLockedClocks, self._handles[index])
 
     def self_test(self, level: int = 1) -> dict[str, Any]:
-        """nvidia-smi, ``dcgmi diag -r <level>`` and the CUDA context probe, where present."""
-        return run_self_test(self.device_count(), probe=self._probe, tools=nvidia_tools(level))
+        """NVML's word on every GPU, then the NVIDIA suite at ``level`` and the CUDA probe."""
+        count = self.device_count()
+        checks = gpu_checks(count, self.read, self._memory)
+        uuids = [self._uuids.get(i, "") for i in range(count)]
+        return run_self_test(
+            count,
+            probe=self._probe,
+            which=self._which,
+            timeout_s=TIMEOUT_S[level],
+            tools=nvidia_tools(level, count, uuids if all(uuids) else None),
+            checks=checks,
+            bandwidth=level >= 2,
+        )
+
+    def _memory(self, index: int) -> list[str]:
+        """Row remapping failed or pending, retired pages pending.
+
+        The PCIe link is the bandwidth tests' to judge: NVML's current width drops at idle.
+        """
+        h = self._handles[index]
+
+        def ask(function: str) -> Any:
+            fn = getattr(self._nv, function, None)  # older bindings lack some
+            return self._field(fn, h) if fn is not None else None
+
+        problems = []
+        rows = ask("nvmlDeviceGetRemappedRows")
+        if rows is not None:
+            _, _, pending, failed = rows
+            if failed:
+                problems.append("row remapping failed: the GPU needs service")
+            elif pending:
+                problems.append("row remapping pending: the GPU needs a reset")
+        retired = ask("nvmlDeviceGetRetiredPagesPendingStatus")
+        if retired:
+            problems.append("retired pages pending: the GPU needs a reset")
+        return problems
 
 
 def _text(value: Any) -> str:

@@ -1,104 +1,254 @@
-"""``--self-test``: a node's GPU self-test, run on demand (the remediation loop asks for it).
+"""The GPU self-test and regression suite: what the fault loop and a maintenance validate with.
 
-Runs what is there: ``nvidia-smi -q``, ``dcgmi diag -r 1`` and the CUDA context probe on every
-GPU, and prints one verdict as JSON. A tool that is missing is reported as skipped, not failed;
-having nothing at all to run is a failure (nothing was verified).
+Each backend builds its list of checks for a level (1 quick, 2 medium, 3 long) and this module
+runs them: the backend's own library checks, the vendor's diagnostic tools and benchmark
+programs where installed (each output parsed by ``diag_output`` into pass/fail and figures),
+and, on NVIDIA, a CUDA context on every GPU. A tool that is not installed is reported as
+skipped, not failed; having nothing at all to run is a failure (nothing was verified). The
+figures (bandwidths in GB/s) are compared with the node's own last passing run by the agent
+(``protection.baseline``), not here.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final
 
+from node_agent.backends import diag_output
 from node_agent.backends.cuda_probe import CudaProbe
+from node_agent.backends.diag_output import Check, Parse
+
+__all__ = ["Check", "Tool", "finder", "gpu_checks", "nvidia_tools", "run_self_test", "verdict_of"]
+from node_agent.model import GpuReading
+
+log = logging.getLogger("node_agent.selftest")
+
+DEFAULT_TOOL_DIRS: Final = (Path("/usr/local/cuda/extras/demo_suite"), Path("/opt/rocm/bin"))
+"""Searched before PATH for the suite's programs: where the CUDA toolkit installs deviceQuery,
+vectorAdd and bandwidthTest, and where ROCm installs rvs and rocm-bandwidth-test."""
+
+TIMEOUT_S: Final = {1: 300.0, 2: 900.0, 3: 2700.0}
+"""Seconds each program may run, by level (``dcgmi diag -r 3`` takes tens of minutes)."""
+
+OUTPUT_LIMIT: Final = 1024 * 1024
+"""Bytes of a program's output kept and parsed: its last MiB (read as it comes)."""
+
+READ_GRACE_S: Final = 5.0
+"""How long the end of a program's output, and its death after SIGKILL, are waited for."""
 
 
 @dataclass(frozen=True, slots=True)
-class Check:
-    """One step of the self-test."""
+class Tool:
+    """A program the suite runs where it is installed."""
 
     name: str
-    outcome: str
-    """``pass``, ``fail`` or ``skipped``."""
-    detail: str = ""
-    duration_s: float = 0.0
+    argv: tuple[str, ...]
+    parse: Parse = diag_output.exit_status
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set on top of the agent's environment."""
 
 
-def _run_tool(
-    name: str, argv: Sequence[str], timeout_s: float, which: Callable[[str], str | None]
-) -> Check:
-    if which(argv[0]) is None:
-        return Check(name, "skipped", f"{argv[0]} not found on PATH")
+def finder(dirs: Sequence[Path]) -> Callable[[str], str | None]:
+    """``shutil.which`` over ``dirs`` then PATH."""
+    path = os.pathsep.join([*(str(d) for d in dirs), os.environ.get("PATH", os.defpath)])
+    return lambda program: shutil.which(program, path=path)
+
+
+def _run_tool(tool: Tool, timeout_s: float, which: Callable[[str], str | None]) -> list[Check]:
+    program = which(tool.argv[0])
+    if program is None:
+        return [Check(tool.name, "skipped", f"{tool.argv[0]} not found")]
     start = time.monotonic()
     try:
-        proc = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+        proc = subprocess.Popen(
+            [program, *tool.argv[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **tool.env},
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        return Check(name, "fail", f"timed out after {timeout_s:.0f} s", time.monotonic() - start)
     except OSError as exc:
-        return Check(name, "fail", f"could not run: {exc}", time.monotonic() - start)
-    out = (proc.stdout + proc.stderr).strip().splitlines()
-    tail = " | ".join(out[-3:])[:500]
-    failed = proc.returncode != 0 or any("fail" in line.lower() for line in out if "diag" in name)
-    return Check(
-        name,
-        "fail" if failed else "pass",
-        f"exit {proc.returncode}: {tail}",
-        time.monotonic() - start,
-    )
+        return [Check(tool.name, "fail", f"could not run: {exc}")]
+    output = _Tail(proc)
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    _kill_group(proc)  # what it left behind too (stress workers, a stuck child)
+    text = output.text()
+    if code is None:
+        why = f"timed out after {timeout_s:.0f} s: {diag_output.tail(text)}".rstrip(": ")
+        return [Check(tool.name, "fail", why[: diag_output.DETAIL_LIMIT], _since(start))]
+    try:
+        checks = tool.parse(tool.name, code, text)
+    except Exception as exc:  # a parser bug must not lose the verdict
+        why = f"output not understood ({exc}): {diag_output.tail(text)}"
+        checks = [Check(tool.name, "fail", why[: diag_output.DETAIL_LIMIT])]
+    took = _since(start)
+    return [replace(c, duration_s=took) for c in checks]
 
 
-NVIDIA_TOOLS: Final = (
-    ("nvidia-smi", ["nvidia-smi", "-q"]),
-    ("dcgm-diag-r1", ["dcgmi", "diag", "-r", "1"]),
-)
+class _Tail:
+    """A program's output read in a thread, its last ``OUTPUT_LIMIT`` bytes kept."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._pipe = proc.stdout
+        self._kept = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._pipe is not None
+        try:
+            while chunk := os.read(self._pipe.fileno(), 65536):
+                self._kept += chunk
+                if len(self._kept) > 2 * OUTPUT_LIMIT:
+                    del self._kept[:-OUTPUT_LIMIT]
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._pipe.close()
+
+    def text(self) -> str:
+        """What was read; a descendant that still holds the pipe is not waited for long."""
+        self._reader.join(timeout=READ_GRACE_S)
+        return bytes(self._kept[-OUTPUT_LIMIT:]).decode(errors="replace")
 
 
-def nvidia_tools(level: int = 1) -> tuple[tuple[str, list[str]], ...]:
-    """``nvidia-smi -q`` and ``dcgmi diag -r <level>`` (1 quick, 2 medium, 3 long)."""
-    return (
-        ("nvidia-smi", ["nvidia-smi", "-q"]),
-        (f"dcgm-diag-r{level}", ["dcgmi", "diag", "-r", str(level)]),
-    )
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL its process group, then reap it without waiting on a process the kernel holds."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=READ_GRACE_S)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d did not die on SIGKILL (stuck in the driver?): left behind", proc.pid)
+
+
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 3)
+
+
+def nvidia_tools(
+    level: int = 1, gpu_count: int = 1, uuids: Sequence[str] | None = None
+) -> tuple[Tool, ...]:
+    """The NVIDIA suite at ``level``.
+
+    1: ``nvidia-smi -q``, ``dcgmi diag -r 1``, deviceQuery (all ``gpu_count`` GPUs seen),
+    vectorAdd; 2: ``dcgmi diag -r 2`` and bandwidthTest on every GPU; 3: ``dcgmi diag -r 3``
+    and p2pBandwidthLatencyTest (more than one GPU). With ``uuids`` (NVML's, by index) the
+    CUDA programs see exactly those GPUs, and bandwidthTest of GPU i only GPU i, whatever
+    ``CUDA_VISIBLE_DEVICES`` the agent inherited.
+    """
+    every = {"CUDA_VISIBLE_DEVICES": ",".join(uuids)} if uuids else {}
+    tools = [
+        Tool("nvidia-smi", ("nvidia-smi", "-q")),
+        Tool(f"dcgm-diag-r{level}", ("dcgmi", "diag", "-r", str(level), "-j"), diag_output.dcgmi),
+        Tool("deviceQuery", ("deviceQuery",),
+             functools.partial(diag_output.device_query, expected=gpu_count), every),
+        Tool("vectorAdd", ("vectorAdd",), diag_output.vector_add, every),
+    ]  # fmt: skip
+    if level >= 2:
+        for i in range(gpu_count):
+            if uuids:
+                argv, env = ("bandwidthTest", "--device=0"), {"CUDA_VISIBLE_DEVICES": uuids[i]}
+            else:
+                argv, env = ("bandwidthTest", f"--device={i}"), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            tools.append(Tool(f"bandwidthTest-gpu{i}", argv, diag_output.bandwidth_test, env))
+    if level >= 3 and gpu_count > 1:
+        tools.append(
+            Tool(
+                "p2pBandwidthLatencyTest",
+                ("p2pBandwidthLatencyTest",),
+                diag_output.p2p_bandwidth,
+                every,
+            )
+        )
+    return tuple(tools)
+
+
+def gpu_checks(
+    gpu_count: int,
+    read: Callable[[int], GpuReading],
+    more: Callable[[int], list[str]] | None = None,
+) -> list[Check]:
+    """The library's own word on each GPU.
+
+    It answers, has no uncorrectable ECC errors since the driver loaded, and ``more`` (a list
+    of problems; empty: none) finds nothing wrong.
+    """
+    checks = []
+    for i in range(gpu_count):
+        t0 = time.monotonic()
+        try:
+            reading = read(i)
+            problems = ["lost: the library cannot read it"] if reading.lost else []
+            if reading.ecc_uncorrected:
+                problems.append(f"{reading.ecc_uncorrected} uncorrectable ECC error(s)")
+            if not reading.lost and more is not None:
+                problems += more(i)
+        except Exception as exc:  # a library that raises is a failed check, not a crash
+            problems = [f"{type(exc).__name__}: {exc}"]
+        outcome = "fail" if problems else "pass"
+        checks.append(Check(f"library-gpu{i}", outcome, "; ".join(problems), _since(t0)))
+    return checks
 
 
 def run_self_test(
     gpu_count: int,
     *,
     probe: CudaProbe | None = None,
-    which: Callable[[str], str | None] = shutil.which,
-    timeout_s: float = 180.0,
-    tools: Sequence[tuple[str, Sequence[str]]] = NVIDIA_TOOLS,
+    which: Callable[[str], str | None] | None = None,
+    timeout_s: float = TIMEOUT_S[1],
+    tools: Sequence[Tool] = (),
     cuda: bool = True,
+    checks: Sequence[Check] = (),
+    bandwidth: bool = False,
 ) -> dict[str, Any]:
-    """Every check, then the verdict: ``pass`` only if something ran and nothing failed.
+    """``checks`` (the backend's own), every tool, the CUDA probe, then the verdict.
 
-    ``tools``: (name, argv) of each diagnostic tool, run where installed; ``cuda``: also
-    create and destroy a CUDA context on every GPU.
+    ``tools`` run where installed (``which``: how a program is found; PATH by default);
+    ``cuda``: also create and destroy a CUDA context on every GPU; ``timeout_s``: per tool,
+    its whole process group is killed then; ``bandwidth``: the level asks for bandwidths, and
+    none measured (no bandwidth program installed) fails.
     """
     started = time.monotonic()
-    checks = [_run_tool(name, argv, timeout_s, which) for name, argv in tools]
+    find = which or finder(())
+    results = list(checks)
+    for tool in tools:
+        results += _run_tool(tool, timeout_s, find)
     probe = (probe or CudaProbe()) if cuda else None
     if probe is not None and not probe.available:
-        checks.append(Check("cuda-context", "skipped", "libcuda not found"))
+        results.append(Check("cuda-context", "skipped", "libcuda not found"))
     for i in range(gpu_count if probe is not None and probe.available else 0):
         assert probe is not None
         t0 = time.monotonic()
         result = probe.probe(i)
-        checks.append(
+        results.append(
             Check(
                 f"cuda-context-gpu{i}",
                 "pass" if result.ok else "fail",
                 result.detail,
-                time.monotonic() - t0,
+                _since(t0),
             )
         )
-    return verdict_of(checks, gpu_count, started)
+    if bandwidth and not any(k.endswith("_gbps") for c in results for k in c.figures):
+        why = "this level measures bandwidths and no program of the suite that does was found"
+        results.append(Check("bandwidth", "fail", f"{why} (see --diag-path)"))
+    return verdict_of(results, gpu_count, started)
 
 
 def verdict_of(checks: Sequence[Check], gpu_count: int, started: float) -> dict[str, Any]:

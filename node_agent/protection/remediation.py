@@ -2,7 +2,8 @@
 
 A self-test is run once per request id, in a thread, and its verdict kept for the next report;
 a passing one clears the fatal XIDs seen before it. A reboot ask writes or withdraws the
-reboot sentinel (``reboot``). Imports the backend protocol, ``reboot``, the push answer's
+reboot sentinel (``reboot``). Its bandwidths are judged against the node's last passing run
+(``baseline``). Imports the backend protocol, ``baseline``, ``reboot``, the push answer's
 ``Ask`` and the exporter's metrics.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from node_agent.backends.base import GpuBackend
+from node_agent.protection.baseline import Baseline
 from node_agent.protection.reboot import RebootSentinel
 from node_agent.telemetry.exporter import AgentMetrics
 from node_agent.uplink.answer import Ask
@@ -32,8 +34,13 @@ class Remediation:
         clock: Callable[[], float],
         reboot_sentinel: Path | None,
         verified: Callable[[float], None],
+        baseline: Baseline | None = None,
     ) -> None:
-        """``verified``: told when a self-test started then passed (the GPUs were verified)."""
+        """Follow the asks of the extenders for this node.
+
+        ``verified``: told when a self-test started then passed (the GPUs were verified);
+        ``baseline``: what its bandwidths are compared with (none: not compared).
+        """
         self.backend = backend
         self.metrics = metrics
         self.clock = clock
@@ -46,6 +53,9 @@ class Remediation:
         """The self-test running, if one is."""
         self._asked_test: str | None = None
         """The last self-test request id acted on."""
+        self.baseline = baseline or Baseline(None, 0)
+        self.gpus: list[str] = []
+        """The UUIDs of the GPUs as last sampled, by index (whose figures the baseline keeps)."""
 
     def follow(self, asks: Mapping[str, Ask], boot: str, *, every_replica_answered: bool) -> None:
         """Start a requested self-test once per id; write or withdraw the reboot sentinel.
@@ -67,6 +77,7 @@ class Remediation:
                         request)  # fmt: skip
             try:
                 doc = await asyncio.to_thread(self.backend.self_test, level)
+                doc = await asyncio.to_thread(self.baseline.judge, doc, list(self.gpus))
             except Exception as exc:
                 doc = {"verdict": "fail", "reason": f"{type(exc).__name__}: {exc}", "checks": []}
             verdict = "pass" if doc.get("verdict") == "pass" else "fail"
@@ -75,7 +86,9 @@ class Remediation:
                 for c in doc.get("checks") or []
                 if c.get("outcome") == "fail"
             ]
-            detail = "; ".join([doc.get("reason") or "", *failed]).strip("; ")[:1024]
+            detail = "; ".join([str(doc.get("reason") or ""), *failed]).strip("; ")
+            # A tool's JSON may carry lone surrogates: not UTF-8, the report would not encode.
+            detail = detail.encode("utf-8", "replace").decode("utf-8")[:1024]
             if verdict == "pass":
                 self.verified(started)
             self.self_test = {"id": request, "verdict": verdict, "detail": detail}

@@ -171,6 +171,7 @@ class Reporter:
                     "driver_version": r.driver_version,
                     "vbios_version": r.vbios_version,
                     "inforom_version": r.inforom_version,
+                    "firmware_version": r.firmware_version,
                     **{f.name: getattr(r, f.name) for f in REPORTED},
                     "throttle_reasons": list(r.throttle_reasons),
                     "ecc_uncorrected": r.ecc_uncorrected,

@@ -114,6 +114,7 @@ def _node_view(state: ClusterState, node: str, full: bool) -> dict[str, Any]:
                 "driver_version": gpu.driver_version,
                 "vbios_version": gpu.vbios_version,
                 "inforom_version": gpu.inforom_version,
+                "firmware_version": gpu.firmware_version,
                 **{name: getattr(gpu, name) for name in _SUMMARY},
                 "free_blocks": int(free[i]),
                 "allocated_blocks": int(batch.allocated_blocks[0, i]),

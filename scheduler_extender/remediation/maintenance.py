@@ -57,6 +57,10 @@ LabelValue = Annotated[str, StringConstraints(pattern=_LABEL_VALUE)]
 NodeName = Annotated[str, StringConstraints(pattern=_NODE_NAME)]
 
 
+LEVEL_3_VALIDATION_S = 7200.0
+"""The default validationTimeout at level 3: ``dcgmi diag -r 3`` alone takes about 30 minutes."""
+
+
 class MaintenanceSpec(BaseModel):
     """``spec`` of a ``GPUMaintenance`` (edgegpu.io/v1alpha1)."""
 
@@ -88,8 +92,9 @@ class MaintenanceSpec(BaseModel):
         ge=1,
         le=3,
         description="The agent's validation after the step: 1 quick (NVML, a CUDA context, "
-        "dcgmi diag -r 1 where installed), 2 medium, 3 long (dcgmi diag -r 2 / -r 3, the CUDA "
-        "samples where present).",
+        "dcgmi diag -r 1, deviceQuery and vectorAdd where installed), 2 medium (also "
+        "bandwidths: dcgmi diag -r 2, bandwidthTest), 3 long (dcgmi diag -r 3, "
+        "p2pBandwidthLatencyTest).",
     )
     driver_version: str | None = Field(
         None,
@@ -119,7 +124,8 @@ class MaintenanceSpec(BaseModel):
     validation_timeout_s: Duration = Field(
         1800.0,
         alias="validationTimeout",
-        description="No validation verdict in this long fails the node (30m).",
+        description="No validation verdict in this long fails the node (30m; 2h at "
+        "validationLevel 3).",
     )
 
     @field_validator("node_selector")
@@ -129,6 +135,13 @@ class MaintenanceSpec(BaseModel):
             if re.fullmatch(_LABEL_KEY, key) is None:
                 raise ValueError(f"{key!r} is not a label key")
         return selector
+
+    @property
+    def validation_deadline_s(self) -> float:
+        """``validationTimeout`` as given, else 30 minutes (2 hours at level 3)."""
+        if "validation_timeout_s" in self.model_fields_set:
+            return self.validation_timeout_s
+        return LEVEL_3_VALIDATION_S if self.validation_level >= 3 else self.validation_timeout_s
 
     @model_validator(mode="after")
     def _some_nodes(self) -> MaintenanceSpec:
@@ -582,7 +595,7 @@ def _node(
             else f"validation passed but the agent reports faults: {', '.join(s.faults)}"
         )
         return run.to(State.FAILED, now, why[:1024])
-    if waited > spec.validation_timeout_s:
+    if waited > spec.validation_deadline_s:
         return run.to(
             State.FAILED, now, f"no validation verdict in {waited:.0f} s (validationTimeout)"
         )

@@ -64,6 +64,22 @@ def quantity(mib: int) -> str:
     return f"{mib}Mi"
 
 
+_NUMERIC_VERSION = re.compile(r"^(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?$")
+
+
+def semantic_version(driver: str | None) -> str | None:
+    """A driver version as a DRA ``version`` attribute (semver), for CEL's ``compareTo``.
+
+    ``570.86.15`` and ``535.104.05`` (read 535.104.5) are; a version of another shape (Intel's
+    ``I915_23.10.32_PSB_...``) is only the ``driver`` string.
+    """
+    found = _NUMERIC_VERSION.match(driver or "")
+    if found is None:
+        return None
+    major, minor, patch = found.groups()
+    return f"{int(major)}.{int(minor)}.{int(patch or 0)}"
+
+
 def _cut(text: str) -> str:
     """``text`` in at most ``ATTRIBUTE_MAX`` bytes of UTF-8, no character split."""
     return text.encode()[:ATTRIBUTE_MAX].decode(errors="ignore")
@@ -99,9 +115,14 @@ def desired_spec(state: ClusterState, node: str) -> JsonDict | None:
         names.add(name)
         attributes: dict[str, Any] = {"index": {"int": gpu.index}, "uuid": {"string": gpu.uuid}}
         for key, value in (("model", gpu.model), ("vendor", gpu.vendor or report.agent.backend),
-                           ("rack", rack)):  # fmt: skip
+                           ("rack", rack), ("driver", gpu.driver_version),
+                           ("vbiosVersion", gpu.vbios_version),
+                           ("firmwareVersion", gpu.firmware_version)):  # fmt: skip
             if value:
                 attributes[key] = {"string": _cut(value)}
+        version = semantic_version(gpu.driver_version)
+        if version is not None:
+            attributes["driverVersion"] = {"version": version}
         device: JsonDict = {"name": name, "attributes": attributes}
         total = gpu.memory_total_mib
         blocks = int(total // block) if total is not None and math.isfinite(total) else 0

@@ -104,6 +104,7 @@ class GpuReport(GpuReadings, frozen=True, gc=False):
     driver_version: Annotated[str, _text(64)] | None = None
     vbios_version: Annotated[str, _text(64)] | None = None
     inforom_version: Annotated[str, _text(64)] | None = None
+    firmware_version: Annotated[str, _text(64)] | None = None
     throttle_reasons: Annotated[tuple[_REASON, ...], msgspec.Meta(max_length=64)] = ()
     ecc_uncorrected: _NonNegInt | None = None
     xid_last: _NonNegInt | None = None
@@ -169,7 +170,13 @@ def _holders_problem(holders: tuple[PodHolder, ...]) -> str | None:
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 _gpu_texts = operator.attrgetter(
-    "uuid", "model", "vendor", "driver_version", "vbios_version", "inforom_version"
+    "uuid",
+    "model",
+    "vendor",
+    "driver_version",
+    "vbios_version",
+    "inforom_version",
+    "firmware_version",
 )
 _process_texts = operator.attrgetter("pod_uid", "container")
 

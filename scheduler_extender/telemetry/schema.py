@@ -93,6 +93,8 @@ class GpuReport(_Model, GpuReadings):
     """The board's VBIOS (firmware) version."""
     inforom_version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
     """NVIDIA's InfoROM image version."""
+    firmware_version: Annotated[str, Field(max_length=64, pattern=TEXT_PATTERN)] | None = None
+    """The GPU's firmware where it has no VBIOS (Intel: its GFX firmware)."""
     throttle_reasons: Annotated[list[ReasonCode], Field(max_length=64)] = Field(
         default_factory=list
     )

@@ -110,3 +110,14 @@ async def test_a_dry_run_plans_the_thermal_power_cap_and_sets_nothing() -> None:
     assert planned and {a.outcome for a in planned} == {"dry-run"}
     assert gpu.cap_calls == []
     assert out.report.gpus[0].vendor == "amd"
+
+
+def test_driver_and_vbios_versions_are_read_every_round_and_absent_ones_are_none() -> None:
+    gpu = FakeAmdGpu(uuid="a")
+    b = backend(gpu, FakeAmdGpu(uuid="b", unsupported={"driver", "vbios"}))
+    first, second = b.read(0), b.read(1)
+    assert (first.driver_version, first.vbios_version) == ("6.8.5", "022.040.003.043.000001")
+    assert (second.driver_version, second.vbios_version) == (None, None)
+    assert not second.lost  # a version that cannot be read is not a fault
+    gpu.driver_version = "6.10.5"  # upgraded under a running agent
+    assert b.read(0).driver_version == "6.10.5"

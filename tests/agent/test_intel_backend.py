@@ -183,8 +183,31 @@ def test_no_gpu_means_no_backend() -> None:
         IntelBackend(run=XpuSmi(failing={"discovery"})).open()
 
 
-def test_the_self_test_runs_xpu_smi_diag_on_every_gpu(tmp_path: Path) -> None:
+def test_the_self_test_reads_every_gpu_then_runs_xpu_smi_diag_on_each(tmp_path: Path) -> None:
     b = backend(XpuSmi(), tmp_path)
     verdict = b.self_test()  # xpu-smi is not installed here: every diag is skipped
-    assert [c["name"] for c in verdict["checks"]] == ["xpu-smi-diag-gpu0", "xpu-smi-diag-gpu1"]
-    assert verdict["verdict"] == "fail" and "nothing could be verified" in verdict["reason"]
+    assert [(c["name"], c["outcome"]) for c in verdict["checks"]] == [
+        ("library-gpu0", "pass"),
+        ("library-gpu1", "pass"),
+        ("xpu-smi-diag-gpu0", "skipped"),
+        ("xpu-smi-diag-gpu1", "skipped"),
+    ]
+    assert verdict["verdict"] == "pass"
+
+
+def test_driver_and_firmware_versions_come_from_discovery_and_are_read_again_at_a_self_test(
+    tmp_path: Path,
+) -> None:
+    xpu = XpuSmi()
+    b = backend(xpu, tmp_path)
+    first, second = b.read(0), b.read(1)
+    assert (first.driver_version, first.firmware_version) == (
+        "I915_23.10.32_PSB_231129.32",
+        "DG02_1.3172",
+    )
+    assert second.firmware_version is None
+    uuid = second.uuid
+    xpu.failing.add("discovery-1")  # details cannot be read again: the ones read stay
+    b.self_test()
+    assert b.read(1).uuid == uuid
+    assert sum(1 for call in xpu.calls if call[:3] == ["discovery", "-d", "0"]) == 2

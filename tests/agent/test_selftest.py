@@ -1,7 +1,7 @@
 import ctypes
 
 from node_agent.backends.cuda_probe import CudaProbe
-from node_agent.backends.selftest import run_self_test
+from node_agent.backends.selftest import nvidia_tools, run_self_test
 
 
 class FakeLibcuda:
@@ -51,14 +51,21 @@ def test_without_libcuda_the_probe_says_so():
 
 def test_self_test_passes_only_when_something_ran_and_nothing_failed():
     probe = CudaProbe(loader=lambda name: FakeLibcuda())
-    verdict = run_self_test(2, probe=probe, which=lambda tool: None)
+    tools = nvidia_tools(1, 2)
+    verdict = run_self_test(2, probe=probe, which=lambda tool: None, tools=tools)
     assert verdict["verdict"] == "pass"
-    assert [c["outcome"] for c in verdict["checks"]] == ["skipped", "skipped", "pass", "pass"]
+    assert [c["outcome"] for c in verdict["checks"]] == ["skipped"] * 4 + ["pass", "pass"]
     bad = run_self_test(
-        2, probe=CudaProbe(loader=lambda name: FakeLibcuda({0})), which=lambda tool: None
+        2,
+        probe=CudaProbe(loader=lambda name: FakeLibcuda({0})),
+        which=lambda tool: None,
+        tools=tools,
     )
     assert bad["verdict"] == "fail"
     nothing = run_self_test(
-        1, probe=CudaProbe(loader=lambda n: (_ for _ in ()).throw(OSError())), which=lambda t: None
+        1,
+        probe=CudaProbe(loader=lambda n: (_ for _ in ()).throw(OSError())),
+        which=lambda t: None,
+        tools=tools,
     )
     assert nothing["verdict"] == "fail" and "nothing could be verified" in nothing["reason"]

@@ -58,6 +58,25 @@ async def test_each_gpu_is_a_device_with_its_attributes_and_memory_in_whole_bloc
     assert "taints" not in d0
 
 
+async def test_driver_and_firmware_versions_are_attributes_a_selector_can_compare(
+    client, app, clock
+):
+    await _state(client, clock, registered("a", [
+        gpu(0, driver_version="535.104.05", vbios_version="96.00.74.00.01"),
+        gpu(1, driver_version="I915_23.10.32_PSB_231129.32", firmware_version="DG02_1.3172"),
+        gpu(2),
+    ]))  # fmt: skip
+    devices = _devices(app, "a")
+    nvidia, intel, unknown = (devices[f"gpu-000{i}"]["attributes"] for i in range(3))
+    # semver for CEL's compareTo (leading zeros are not semver): 535.104.05 reads 535.104.5.
+    assert nvidia["driverVersion"] == {"version": "535.104.5"}
+    assert nvidia["driver"] == {"string": "535.104.05"}
+    assert nvidia["vbiosVersion"] == {"string": "96.00.74.00.01"}
+    assert "driverVersion" not in intel and intel["driver"]["string"].startswith("I915_")
+    assert intel["firmwareVersion"] == {"string": "DG02_1.3172"}
+    assert not {"driver", "driverVersion", "vbiosVersion", "firmwareVersion"} & set(unknown)
+
+
 async def test_a_hot_gpu_is_tainted_then_cooling_down_then_untainted(client, app, clock):
     await _state(client, clock, registered("a", [gpu(0, temperature_c=90.0), gpu(1)]))
     devices = _devices(app, "a")

@@ -354,3 +354,27 @@ def test_a_driver_version_target_skips_nodes_at_it_and_fails_one_that_missed_it(
     g.agent("n0")
     g.round()
     assert g.state("n0") is State.DONE
+
+
+@pytest.mark.parametrize(
+    ("spec", "fails_after_s"),
+    [
+        ({}, 1800),
+        ({"validationLevel": 3}, 7200),
+        ({"validationLevel": 3, "validationTimeout": "40m"}, 2400),
+    ],
+)
+def test_a_validation_that_never_answers_fails_later_at_the_long_level(
+    spec: dict[str, object], fails_after_s: float
+) -> None:
+    f = Fleet(**spec)
+    f.round()
+    f.round()
+    f.agent("n0")
+    f.round()
+    assert f.state("n0") is State.VALIDATING
+    f.round(after_s=fails_after_s - 10)
+    assert f.state("n0") is State.VALIDATING
+    f.round(after_s=20)
+    assert f.state("n0") is State.FAILED
+    assert "validationTimeout" in f.progress.nodes["n0"].message

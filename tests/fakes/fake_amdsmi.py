@@ -71,6 +71,8 @@ class FakeAmdGpu:
     gfx_clk_mhz: int = 1500
     gfx_max_clk_mhz: int = 1700
     uncorrectable: int = 0
+    driver_version: str = "6.8.5"
+    vbios_version: str = "022.040.003.043.000001"
     processes: list[dict[str, Any]] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
@@ -111,6 +113,16 @@ def build(gpus: list[FakeAmdGpu]) -> types.ModuleType:
 
     def amdsmi_get_gpu_device_bdf(h: int) -> str:
         return gpu(h, "bdf").bdf
+
+    def amdsmi_get_gpu_driver_info(h: int) -> dict[str, Any]:
+        g = gpu(h, "driver")
+        return {"driver_name": "amdgpu", "driver_version": g.driver_version,
+                "driver_date": "2015/01/01 00:00"}  # fmt: skip
+
+    def amdsmi_get_gpu_vbios_info(h: int) -> dict[str, Any]:
+        g = gpu(h, "vbios")
+        return {"name": "AMD MI210", "build_date": "2022/08/04 08:57",
+                "part_number": "113-D67301-063", "version": g.vbios_version}  # fmt: skip
 
     def amdsmi_get_gpu_asic_info(h: int) -> dict[str, Any]:
         g = gpu(h, "asic")

@@ -76,6 +76,9 @@ class FakeGpu:
     locked_clocks: tuple[int, int] | None = None
     vbios: str = "96.00.74.00.01"
     inforom: str = "G525.0200.00.05"
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """(correctable, uncorrectable, pending, failure occurred), as nvmlDeviceGetRemappedRows."""
+    retired_pending: int = 0
 
 
 class FakePynvml:
@@ -198,6 +201,12 @@ class FakePynvml:
 
     def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
         return self._gpu(h, "nvmlDeviceGetTotalEccErrors").ecc_uncorrected
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
+        return self._gpu(h, "nvmlDeviceGetRemappedRows").remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetRetiredPagesPendingStatus").retired_pending
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[SimpleNamespace]:
         g = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
