@@ -84,9 +84,10 @@ proto: $(STAMP) ## regenerate the kubelet plugins' gRPC modules from node_agent/
 generate: $(STAMP) ## regenerate the GPU reading fields of the telemetry structs from scheduler_extender/telemetry/fields.py
 	$(PY) -m tools.gen_fields
 
-e2e: $(STAMP) ## the e2e suite: a real control plane and real kubelet nodes built from the Kubernetes Go modules, Debian containerd (first build: minutes)
+e2e: $(STAMP) ## the e2e suite: a real control plane and real kubelet nodes built from the Kubernetes Go modules, Debian's containerd 1.6 and containerd 2 (first build: minutes)
 	bash tests/e2e/install-node.sh
 	bash tests/e2e/build-controlplane.sh >/dev/null
+	bash tests/e2e/build-containerd.sh >/dev/null
 	EDGEGPU_E2E=1 $(PY) -m pytest tests/e2e -p no:randomly $(E2E_ARGS)
 
 fuzz: $(STAMP) ## schemathesis over every route of the OpenAPI document, fixed seed (FUZZ_CASES per route: about 28,000 cases, 7 minutes)

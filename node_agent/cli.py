@@ -273,6 +273,11 @@ async def _run(
             agent.shutdown()
 
 
+def _stop_self_test(signum: int, frame: object) -> None:
+    """A signal during ``--self-test``: exit (the program running is killed on the way)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, open the backend, run."""
     parsed = command_line().parse_or_report(argv, {"node_name": " (set --node-name or NODE_NAME)"})
@@ -291,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-node-agent: backend {settings.backend}: {exc}", file=sys.stderr)
         return 2
     if ns.self_test:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _stop_self_test)
         try:
             verdict = backend.self_test(ns.self_test_level)
             gpus = [backend.read(i).uuid for i in range(backend.device_count())]

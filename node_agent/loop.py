@@ -212,7 +212,10 @@ class Agent:
                 pass
 
     def shutdown(self) -> None:
-        """Undo power saving (thermal caps stay: the GPU may still be hot), close the backend."""
+        """Undo power saving (thermal caps stay: the GPU may still be hot), close the backend.
+
+        Closing the backend stops a self-test running: its program killed, none started after.
+        """
         self.protection.undo_saving()
         try:
             self.backend.close()

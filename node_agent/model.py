@@ -6,10 +6,28 @@ Imports only the standard library and the generated ``readings``. Units are in t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from node_agent.readings import GpuReadings
+from scheduler_extender.logs import CONTROL_CHARACTERS
+
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+def version_text(value: object) -> str | None:
+    """A version string as telemetry carries it.
+
+    UTF-8 text without control characters, at most 64 characters; nothing, blank, ``N/A`` or
+    ``unknown`` → None.
+    """
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    text = _CONTROL.sub("", str(value)) if value is not None else ""
+    text = text.encode("utf-8", "replace").decode("utf-8").strip()[:64]
+    return text if text and text.lower() not in ("n/a", "unknown") else None
+
 
 DEFAULT_BLOCK_MIB = 4096
 """MiB per ``edgegpu.io/gpu-mem-block`` when neither an extender nor the agent's state says

@@ -15,6 +15,7 @@ thermal and power-saving lever. No XID equivalent is read yet.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,7 @@ from node_agent.backends import diag_output
 from node_agent.backends.procmap import pod_of_pid
 from node_agent.backends.selftest import (
     DEFAULT_TOOL_DIRS,
+    SUITE_S,
     TIMEOUT_S,
     Tool,
     finder,
@@ -31,7 +33,15 @@ from node_agent.backends.selftest import (
     run_self_test,
 )
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
-from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.model import (
+    Capabilities,
+    GpuProcess,
+    GpuReading,
+    NodeChecks,
+    PowerLimits,
+    XidEvent,
+    version_text,
+)
 
 log = logging.getLogger("node_agent.amd")
 
@@ -78,6 +88,8 @@ class AmdBackend:
         tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
     ) -> None:
         self._which = finder(tool_dirs)
+        self._stop = threading.Event()
+        """Set by ``close``: a self-test running stops."""
         self._smi: Any = module
         self._proc_root = proc_root
         self._handles: list[Any] = []
@@ -91,6 +103,7 @@ class AmdBackend:
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
         """Initialise amdsmi for AMD GPUs and list them."""
+        self._stop.clear()
         if self._smi is None:
             try:
                 import amdsmi  # type: ignore[import-not-found]
@@ -117,6 +130,7 @@ class AmdBackend:
 
     def close(self) -> None:
         """Shut amdsmi down. Safe to call twice."""
+        self._stop.set()  # a self-test running stops
         if not self._opened:
             return
         self._opened = False
@@ -213,9 +227,7 @@ class AmdBackend:
             info = fn(h) if fn is not None else None
         except self._smi.AmdSmiLibraryException:
             return None
-        value = info.get(key) if isinstance(info, dict) else None
-        text = str(value).strip() if value is not None else ""
-        return text if text and text != "N/A" else None
+        return version_text(info.get(key) if isinstance(info, dict) else None)
 
     def _process(self, proc: Any) -> GpuProcess | None:
         if not isinstance(proc, dict) or not isinstance(proc.get("pid"), int):
@@ -289,6 +301,8 @@ class AmdBackend:
             count,
             which=self._which,
             timeout_s=TIMEOUT_S[level],
+            budget_s=SUITE_S[level],
+            stop=self._stop,
             tools=amd_tools(level),
             cuda=False,
             checks=gpu_checks(count, self.read),

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -24,7 +25,7 @@ from node_agent.backends import diag_output, selftest
 from node_agent.backends.base import ReadOnlyControls
 from node_agent.backends.selftest import Tool, gpu_checks, run_self_test
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
-from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits
+from node_agent.model import Capabilities, GpuReading, NodeChecks, PowerLimits, version_text
 
 log = logging.getLogger("node_agent.intel")
 
@@ -44,11 +45,6 @@ class XpuSmiError(RuntimeError):
     def __init__(self, message: str, error: str = "") -> None:
         super().__init__(message)
         self.error = error
-
-
-def _version(value: object) -> str | None:
-    text = str(value).strip() if value is not None else ""
-    return text if text and text.lower() not in ("n/a", "unknown") else None
 
 
 def run_xpu_smi(args: Sequence[str]) -> str:
@@ -104,6 +100,8 @@ class IntelBackend(ReadOnlyControls):
         tool_dirs: Sequence[Path] = selftest.DEFAULT_TOOL_DIRS,
     ) -> None:
         self._which = selftest.finder(tool_dirs)
+        self._stop = threading.Event()
+        """Set by ``close``: a self-test running stops."""
         self._run = run
         self._dev_root = dev_root
         self._root = os.geteuid() == 0 if root is None else root
@@ -120,6 +118,7 @@ class IntelBackend(ReadOnlyControls):
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
         """List the GPUs (``xpu-smi discovery -j``) and read each one's identity."""
+        self._stop.clear()
         if self._run is None:
             if shutil.which("xpu-smi") is None:
                 raise BackendUnavailable(
@@ -152,6 +151,7 @@ class IntelBackend(ReadOnlyControls):
 
     def close(self) -> None:
         """Nothing to release."""
+        self._stop.set()  # a self-test running stops
 
     def device_count(self) -> int:
         """GPUs xpu-smi listed at open."""
@@ -192,8 +192,8 @@ class IntelBackend(ReadOnlyControls):
             ecc_uncorrected=int(uncorrectable) if uncorrectable is not None else None,
             power_limit_w=self._limit_w.get(index),
             pci_bus_id=str(info["pci_bdf_address"]) if info.get("pci_bdf_address") else None,
-            driver_version=_version(info.get("driver_version")),
-            firmware_version=_version(info.get("gfx_firmware_version")),
+            driver_version=version_text(info.get("driver_version")),
+            firmware_version=version_text(info.get("gfx_firmware_version")),
         )
 
     def node_checks(self) -> NodeChecks:
@@ -281,6 +281,8 @@ class IntelBackend(ReadOnlyControls):
             count,
             which=self._which,
             timeout_s=selftest.TIMEOUT_S[level],
+            budget_s=selftest.SUITE_S[level],
+            stop=self._stop,
             tools=tools,
             cuda=False,
             checks=gpu_checks(count, self.read),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -18,6 +19,7 @@ from typing import Any, Final
 from node_agent.backends.base import ReadOnlyControls
 from node_agent.backends.selftest import (
     DEFAULT_TOOL_DIRS,
+    SUITE_S,
     TIMEOUT_S,
     finder,
     nvidia_tools,
@@ -67,6 +69,8 @@ class JetsonBackend(ReadOnlyControls):
         tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
     ) -> None:
         self._which = finder(tool_dirs)
+        self._stop = threading.Event()
+        """Set by ``close``: a self-test running stops."""
         self._root = root
         self._load_file = load_file
         self._zone: Path | None = None
@@ -75,6 +79,7 @@ class JetsonBackend(ReadOnlyControls):
 
     def open(self) -> None:
         """Find the GPU's thermal zone and load file."""
+        self._stop.clear()
         thermal = self._root / "sys/class/thermal"
         for zone in sorted(thermal.glob("thermal_zone*")):
             if _read(zone / "type") in GPU_ZONE_TYPES:
@@ -96,6 +101,7 @@ class JetsonBackend(ReadOnlyControls):
 
     def close(self) -> None:
         """Nothing to release."""
+        self._stop.set()  # a self-test running stops
 
     def device_count(self) -> int:
         """One integrated GPU."""
@@ -188,5 +194,10 @@ class JetsonBackend(ReadOnlyControls):
         """The NVIDIA suite at ``level`` and the CUDA context probe, where present."""
         count = self.device_count()
         return run_self_test(
-            count, timeout_s=TIMEOUT_S[level], tools=nvidia_tools(level, count), which=self._which
+            count,
+            timeout_s=TIMEOUT_S[level],
+            budget_s=SUITE_S[level],
+            stop=self._stop,
+            tools=nvidia_tools(level, count),
+            which=self._which,
         )

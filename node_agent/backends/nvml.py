@@ -9,6 +9,7 @@ milliwatts become watts, bytes become MiB, bit masks become reason names.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from node_agent.backends.cuda_probe import CudaProbe
 from node_agent.backends.procmap import pod_of_pid
 from node_agent.backends.selftest import (
     DEFAULT_TOOL_DIRS,
+    SUITE_S,
     TIMEOUT_S,
     finder,
     gpu_checks,
@@ -26,7 +28,15 @@ from node_agent.backends.selftest import (
     run_self_test,
 )
 from node_agent.errors import BackendUnavailable, NotSupported, PermissionDenied
-from node_agent.model import Capabilities, GpuProcess, GpuReading, NodeChecks, PowerLimits, XidEvent
+from node_agent.model import (
+    Capabilities,
+    GpuProcess,
+    GpuReading,
+    NodeChecks,
+    PowerLimits,
+    XidEvent,
+    version_text,
+)
 
 log = logging.getLogger("node_agent.nvml")
 
@@ -75,6 +85,8 @@ class NvmlBackend:
         tool_dirs: Sequence[Path] = DEFAULT_TOOL_DIRS,
     ) -> None:
         self._which = finder(tool_dirs)
+        self._stop = threading.Event()
+        """Set by ``close``: a self-test running stops."""
         self._nv: Any = module
         self._proc_root = proc_root
         self._dev_root = dev_root
@@ -94,6 +106,7 @@ class NvmlBackend:
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
         """Initialise NVML and register for XID events."""
+        self._stop.clear()
         if self._nv is None:
             try:
                 import pynvml
@@ -134,6 +147,7 @@ class NvmlBackend:
 
     def close(self) -> None:
         """Free the event set and shut NVML down. Safe to call twice."""
+        self._stop.set()  # a self-test running stops
         if not self._opened:
             return
         nv = self._nv
@@ -219,9 +233,9 @@ class NvmlBackend:
             throttle_reasons=throttle_reasons(int(mask)) if mask is not None else (),
             ecc_uncorrected=int(ecc) if ecc is not None else None,
             processes=tuple(self._process(p) for p in procs or ()),
-            driver_version=_text(driver) if driver is not None else None,
-            vbios_version=_text(vbios) if vbios is not None else None,
-            inforom_version=_text(inforom) if inforom is not None else None,
+            driver_version=version_text(driver),
+            vbios_version=version_text(vbios),
+            inforom_version=version_text(inforom),
         )
 
     def _process(self, proc: Any) -> GpuProcess:
@@ -354,6 +368,8 @@ class NvmlBackend:
             probe=self._probe,
             which=self._which,
             timeout_s=TIMEOUT_S[level],
+            budget_s=SUITE_S[level],
+            stop=self._stop,
             tools=nvidia_tools(level, count, uuids if all(uuids) else None),
             checks=checks,
             bandwidth=level >= 2,

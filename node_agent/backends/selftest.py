@@ -11,6 +11,7 @@ figures (bandwidths in GB/s) are compared with the node's own last passing run b
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -43,6 +44,11 @@ TIMEOUT_S: Final = {1: 300.0, 2: 900.0, 3: 2700.0}
 OUTPUT_LIMIT: Final = 1024 * 1024
 """Bytes of a program's output kept and parsed: its last MiB (read as it comes)."""
 
+SUITE_S: Final = {1: 540.0, 2: 1500.0, 3: 6600.0}
+"""Seconds the whole suite may run, by level: under the fault loop's selfTestTimeout (10
+minutes, level 1) and a maintenance's validationTimeout (30 minutes; 2 hours at level 3), so
+that a verdict comes in time, failing what did not run."""
+
 READ_GRACE_S: Final = 5.0
 """How long the end of a program's output, and its death after SIGKILL, are waited for."""
 
@@ -59,12 +65,42 @@ class Tool:
 
 
 def finder(dirs: Sequence[Path]) -> Callable[[str], str | None]:
-    """``shutil.which`` over ``dirs`` then PATH."""
+    """``shutil.which`` over ``dirs`` then PATH, taking only a program nobody else may replace.
+
+    The agent runs as root: a program (or its folder) owned by another user, or writable by
+    group or others, is passed over.
+    """
     path = os.pathsep.join([*(str(d) for d in dirs), os.environ.get("PATH", os.defpath)])
-    return lambda program: shutil.which(program, path=path)
+
+    def find(program: str) -> str | None:
+        for folder in path.split(os.pathsep):
+            found = shutil.which(program, path=folder) if folder else None
+            if found and _trusted(Path(found)):
+                return found
+        return None
+
+    return find
 
 
-def _run_tool(tool: Tool, timeout_s: float, which: Callable[[str], str | None]) -> list[Check]:
+def _trusted(program: Path) -> bool:
+    me = os.geteuid()
+    try:
+        for path in (program.resolve(), program.resolve().parent):
+            st = path.stat()
+            if st.st_uid not in (0, me) or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _run_tool(
+    tool: Tool, timeout_s: float, which: Callable[[str], str | None], stop: threading.Event
+) -> list[Check]:
+    if stop.is_set():
+        return [Check(tool.name, "fail", "not run: the agent is stopping")]
+    if timeout_s <= 0:
+        return [Check(tool.name, "fail", "not run: the suite's time is spent")]
     program = which(tool.argv[0])
     if program is None:
         return [Check(tool.name, "skipped", f"{tool.argv[0]} not found")]
@@ -81,12 +117,17 @@ def _run_tool(tool: Tool, timeout_s: float, which: Callable[[str], str | None]) 
     except OSError as exc:
         return [Check(tool.name, "fail", f"could not run: {exc}")]
     output = _Tail(proc)
+    code: int | None = None
     try:
-        code: int | None = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    _kill_group(proc)  # what it left behind too (stress workers, a stuck child)
+        deadline = start + timeout_s
+        while code is None and not stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+    finally:  # whatever ends the wait (an exception, the agent stopping): none of it outlives it
+        _kill_group(proc)  # what it left behind too (stress workers, a stuck child)
     text = output.text()
+    if code is None and stop.is_set():
+        return [Check(tool.name, "fail", "stopped: the agent is stopping", _since(start))]
     if code is None:
         why = f"timed out after {timeout_s:.0f} s: {diag_output.tail(text)}".rstrip(": ")
         return [Check(tool.name, "fail", why[: diag_output.DETAIL_LIMIT], _since(start))]
@@ -217,19 +258,24 @@ def run_self_test(
     cuda: bool = True,
     checks: Sequence[Check] = (),
     bandwidth: bool = False,
+    budget_s: float | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """``checks`` (the backend's own), every tool, the CUDA probe, then the verdict.
 
     ``tools`` run where installed (``which``: how a program is found; PATH by default);
     ``cuda``: also create and destroy a CUDA context on every GPU; ``timeout_s``: per tool,
     its whole process group is killed then; ``bandwidth``: the level asks for bandwidths, and
-    none measured (no bandwidth program installed) fails.
+    none measured (no bandwidth program installed) fails; ``budget_s``: the whole suite's time
+    (a program that would start after it is not run, and fails); ``stop``: set (the backend
+    closing as the agent stops), the program running is killed and no other starts.
     """
     started = time.monotonic()
     find = which or finder(())
     results = list(checks)
     for tool in tools:
-        results += _run_tool(tool, timeout_s, find)
+        left = budget_s - (time.monotonic() - started) if budget_s is not None else timeout_s
+        results += _run_tool(tool, min(timeout_s, left), find, stop or threading.Event())
     probe = (probe or CudaProbe()) if cuda else None
     if probe is not None and not probe.available:
         results.append(Check("cuda-context", "skipped", "libcuda not found"))

@@ -3,7 +3,8 @@
 The figures of every passing self-test are kept in ``--state-dir/self-test-baseline.json``
 with the GPUs (their UUIDs) they were measured on; the next self-test's figure more than
 ``--bandwidth-drop-pct`` below its kept value fails its check (and so the verdict), and so
-does a bandwidth the same check measured then and not now (a P2P path gone). A run
+does a bandwidth the same check measured then and not now (a P2P path gone), and a check that
+measured bandwidths then and is skipped now (its program gone). A run
 that passes replaces the figures it measured (a level-1 run keeps the level-2 figures it did
 not measure); other GPUs than the kept ones start the record over. Nothing kept, or kept
 unreadably, means nothing to compare: the run passes or fails on its own.
@@ -66,6 +67,15 @@ class Baseline:
             before = last.get(check.get("name"))
             figures = check.get("figures") or {}
             drops = []
+            if isinstance(before, dict) and self.drop_pct > 0 and check.get("outcome") == "skipped":
+                kept_gbps = [
+                    k for k, v in before.items() if k.endswith(COMPARED_SUFFIX) and _number(v)
+                ]
+                if kept_gbps:  # the program is gone: what it measured is no longer verified
+                    drops.append(
+                        f"not run ({check.get('detail') or 'skipped'}); it measured "
+                        f"{len(kept_gbps)} bandwidth(s) at this node's last pass"
+                    )
             if isinstance(before, dict) and self.drop_pct > 0 and check.get("outcome") == "pass":
                 for key, was in before.items():
                     if key.endswith(COMPARED_SUFFIX) and _number(was) and key not in figures:

@@ -147,7 +147,8 @@ class Maintainer:
         if run.state is State.STEP:
             return {"maintenance": {"id": run.request, "step": self.running.spec.step}}
         if run.state is State.VALIDATING:
-            return {"self_test": {"id": run.request, "level": self.running.spec.validation_level}}
+            level = run.level or self.running.spec.validation_level
+            return {"self_test": {"id": run.request, "level": level}}
         status = self.state.node_status(node)
         if run.state is State.REBOOTING and status is not None and status.boot == run.boot:
             return {"reboot": {"id": run.request, "boot": run.boot}}

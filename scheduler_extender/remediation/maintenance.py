@@ -136,12 +136,11 @@ class MaintenanceSpec(BaseModel):
                 raise ValueError(f"{key!r} is not a label key")
         return selector
 
-    @property
-    def validation_deadline_s(self) -> float:
+    def validation_deadline_s(self, level: int) -> float:
         """``validationTimeout`` as given, else 30 minutes (2 hours at level 3)."""
         if "validation_timeout_s" in self.model_fields_set:
             return self.validation_timeout_s
-        return LEVEL_3_VALIDATION_S if self.validation_level >= 3 else self.validation_timeout_s
+        return LEVEL_3_VALIDATION_S if level >= 3 else self.validation_timeout_s
 
     @model_validator(mode="after")
     def _some_nodes(self) -> MaintenanceSpec:
@@ -212,6 +211,9 @@ class NodeRun:
     """A failed node is kept cordoned for a person; False once a person handed it back."""
     message: str = ""
     history: tuple[tuple[str, float, str], ...] = ()
+    level: int = 0
+    """The validation level asked of the agent (0: none yet): an edit of the spec's
+    ``validationLevel`` applies to the nodes validated after it, never to a running test."""
 
     def to(self, state: State, now: float, why: str, **changes: Any) -> NodeRun:
         """This node in ``state`` from ``now``, with ``why`` in its history."""
@@ -235,6 +237,7 @@ class NodeRun:
             "marked": self.marked,
             "held": self.held,
             "message": self.message,
+            **({"level": self.level} if self.level else {}),
             "history": [
                 {"state": s, "at": _stamp(t), "why": w}
                 for s, t, w in (
@@ -260,6 +263,9 @@ class NodeRun:
                 marked=doc.get("marked") is True,
                 held=doc.get("held", True) is not False,
                 message=str(doc.get("message") or ""),
+                level=doc["level"]
+                if type(doc.get("level")) is int and 1 <= doc["level"] <= 3
+                else 0,
                 history=tuple(
                     (str(h["state"]), _epoch(h["at"]), str(h.get("why", "")))
                     for h in doc.get("history") or ()
@@ -563,7 +569,8 @@ def _node(
                     request=new_id(),
                     boot=s.boot,
                 )
-            return run.to(State.VALIDATING, now, f"step {spec.step} passed", request=new_id())
+            return run.to(State.VALIDATING, now, f"step {spec.step} passed", request=new_id(),
+                          level=spec.validation_level)  # fmt: skip
         if waited > spec.step_timeout_s:
             return run.to(
                 State.FAILED, now, f"no result of step {spec.step} in {waited:.0f} s (stepTimeout)"
@@ -571,7 +578,8 @@ def _node(
         return run
     if run.state is State.REBOOTING:
         if s.boot and s.boot != run.boot:
-            return run.to(State.VALIDATING, now, "back with a new boot", request=new_id())
+            return run.to(State.VALIDATING, now, "back with a new boot", request=new_id(),
+                          level=spec.validation_level)  # fmt: skip
         if waited > spec.reboot_timeout_s:
             return run.to(
                 State.FAILED, now, f"not back {waited:.0f} s after the reboot ask (rebootTimeout)"
@@ -595,7 +603,7 @@ def _node(
             else f"validation passed but the agent reports faults: {', '.join(s.faults)}"
         )
         return run.to(State.FAILED, now, why[:1024])
-    if waited > spec.validation_deadline_s:
+    if waited > spec.validation_deadline_s(run.level or spec.validation_level):
         return run.to(
             State.FAILED, now, f"no validation verdict in {waited:.0f} s (validationTimeout)"
         )

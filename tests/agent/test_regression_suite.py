@@ -503,3 +503,76 @@ async def test_a_detail_that_is_not_utf8_still_rides_the_report(tmp_path):
         assert result.report.self_test is not None
         assert result.report.self_test.verdict == "fail"
         assert "bad ? byte" in result.report.self_test.detail
+
+
+def test_closing_the_backend_stops_the_program_running_and_starts_no_other(tmp_path):
+    import threading
+
+    program(tmp_path, "long", f"sleep 30 &\necho $! > '{tmp_path}/child'\nwait")
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    doc = run_self_test(
+        1, which=finder([tmp_path]), cuda=False, stop=stop,
+        tools=[Tool("long", ("long",)), Tool("next", ("long",))],
+    )  # fmt: skip
+    assert time.monotonic() - started < 20
+    assert [(c["name"], c["outcome"], c["detail"]) for c in doc["checks"]] == [
+        ("long", "fail", "stopped: the agent is stopping"),
+        ("next", "fail", "not run: the agent is stopping"),
+    ]
+    child = int((tmp_path / "child").read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the program's child outlived the stop")
+
+
+def test_a_suite_past_its_time_fails_what_it_could_not_run(tmp_path):
+    program(tmp_path, "slow", "sleep 2\necho Test PASSED")
+    doc = run_self_test(
+        1, which=finder([tmp_path]), cuda=False, budget_s=1.0,
+        tools=[Tool("slow", ("slow",), diag_output.vector_add), Tool("after", ("slow",))],
+    )  # fmt: skip
+    outcomes_ = [(c["name"], c["outcome"]) for c in doc["checks"]]
+    assert outcomes_ == [("slow", "fail"), ("after", "fail")]
+    assert doc["checks"][1]["detail"] == "not run: the suite's time is spent"
+
+
+def test_a_program_others_may_replace_is_not_run(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    program(shared, "deviceQuery", "echo Result = PASS")
+    shared.chmod(0o777)  # anyone may put a program here
+    assert finder([shared])("deviceQuery") is None
+    shared.chmod(0o755)
+    (shared / "deviceQuery").chmod(0o777)  # anyone may rewrite it
+    assert finder([shared])("deviceQuery") is None
+    (shared / "deviceQuery").chmod(0o755)
+    assert finder([shared])("deviceQuery") == str(shared / "deviceQuery")
+
+
+def test_a_check_that_measured_bandwidths_and_is_skipped_now_fails(tmp_path):
+    base = Baseline(tmp_path, drop_pct=20)
+    base.judge(verdict(bw0={"h2d_gbps": 24.0}, dq={"devices": 1.0}), GPUS)
+    doc = verdict(dq={"devices": 1.0})
+    doc["checks"].append({"name": "bw0", "outcome": "skipped", "detail": "bandwidthTest not found",
+                          "figures": {}})  # fmt: skip
+    judged = base.judge(doc, GPUS)
+    assert judged["verdict"] == "fail"
+    assert judged["checks"][1]["outcome"] == "fail"
+    assert "not run (bandwidthTest not found)" in judged["checks"][1]["detail"]
+
+
+def test_versions_are_cut_and_cleaned_before_they_reach_the_report():
+    from node_agent.model import version_text
+
+    assert version_text(b"570.86.15\x00") == "570.86.15"
+    assert version_text("6.8\x1b[31m.5") == "6.8[31m.5"
+    assert version_text("x" * 100) == "x" * 64
+    assert version_text("bad \ud800") == "bad ?"
+    assert version_text("N/A") is None and version_text("  ") is None and version_text(None) is None

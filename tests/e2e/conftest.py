@@ -31,7 +31,7 @@ from tests.e2e.edgegpu import (
     install,
 )
 from tests.e2e.fake_kubelet import FakeKubelet
-from tests.e2e.realnode import RealNode, host_settings, restore_host_settings
+from tests.e2e.realnode import RealNode, containerd2, host_settings, restore_host_settings
 
 E2E = os.environ.get("EDGEGPU_E2E") == "1"
 
@@ -233,8 +233,10 @@ def start_cluster(
         if real_nodes:
             cluster.host_settings = host_settings()
         for index, (name, _, rack) in enumerate(real_nodes or []):
+            # real-1 runs containerd 2 (CDI: the DRA cases' containers get the GPU's env).
             node = RealNode(cp, name, index, labels={"accelerator": "nvidia-tesla",
-                                                     "edgegpu.io/rack": rack})  # fmt: skip
+                                                     "edgegpu.io/rack": rack},
+                            runtime=containerd2() if index == 1 else None)  # fmt: skip
             cluster.real[name] = node
             node.start()
         cluster.installed = install(cp)

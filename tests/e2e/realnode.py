@@ -1,4 +1,7 @@
-"""A real Kubernetes node on this machine: the real kubelet, Debian's containerd and runc.
+"""A real Kubernetes node on this machine: the real kubelet, containerd and Debian's runc.
+
+The container runtime is Debian's containerd 1.6, or containerd 2 built from its Go module
+(``runtime``; ``build-containerd.sh``), which reads CDI specs: the suite runs one node of each.
 
 Each node lives in mount and PID namespaces of its own (``unshare``), as a host of its own
 would: its containerd and its kubelet run inside them, with the node's own ``/run``,
@@ -107,6 +110,19 @@ while True:  # the namespaces' first process: it reaps the orphans (shims, conta
         signal.pause()
 """
 """The node's first process: its mounts, then it reaps orphans until it is stopped."""
+
+
+CONTAINERD2_SCRIPT = Path(__file__).resolve().parent / "build-containerd.sh"
+
+
+def containerd2() -> Path:
+    """The folder of containerd 2's programs: built once and cached (``build-containerd.sh``)."""
+    proc = subprocess.run(
+        ["bash", str(CONTAINERD2_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise ClusterError(f"{CONTAINERD2_SCRIPT.name} failed with status {proc.returncode}")
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def missing_programs() -> dict[str, str]:
@@ -274,6 +290,9 @@ class RealNode:
     """Picks the node's bridge and pod subnet: the first at or above it that no other node on
     this machine holds (``start`` locks it)."""
     labels: dict[str, str] = field(default_factory=dict)
+    runtime: Path | None = None
+    """A folder of containerd 2 (``containerd``, ``ctr``, ``containerd-shim-runc-v2``:
+    ``build-containerd.sh``) to run instead of Debian's containerd 1.6; it reads CDI specs."""
     init: Process | None = None
     containerd: Process | None = None
     kubelet: Process | None = None
@@ -334,9 +353,14 @@ class RealNode:
              "python3", "-c", NODE_INIT, str(self.root)],
         )  # fmt: skip
         wait_until(f"real node {self.name}: its namespaces", self._namespaces_ready, 20.0)
+        program = str(self.runtime / "containerd") if self.runtime else "containerd"
         self.containerd = self.cp.spawn(
             f"{self.name}-containerd",
-            self._inside("containerd", "--config", str(self.root / "containerd.toml")),
+            self._inside(program, "--config", str(self.root / "containerd.toml")),
+            # containerd 2 finds its own shim on PATH first.
+            env={"PATH": f"{self.runtime}:{os.environ.get('PATH', os.defpath)}"}
+            if self.runtime
+            else None,
         )
         wait_until(f"real node {self.name}: containerd", self._containerd_ready, 60.0, 0.5)
         self._import_images()
@@ -405,7 +429,8 @@ class RealNode:
     def ctr(self, *args: str, timeout_s: float = 60.0) -> str:
         """Run ``ctr`` on the node's containerd (namespace k8s.io, kubelet's)."""
         proc = subprocess.run(
-            ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
+            [str(self.runtime / "ctr") if self.runtime else "ctr",
+             f"--address={self.containerd_socket}", "--namespace=k8s.io", *args],
             capture_output=True, text=True, timeout=timeout_s, check=False,
         )  # fmt: skip
         if proc.returncode != 0:
@@ -455,7 +480,15 @@ class RealNode:
             self.cp.server, self.cp.ca, None, f"system:node:{self.name}", cert=(crt, key)
         ))  # fmt: skip
 
+    @property
+    def cdi_dir(self) -> Path:
+        """Where containerd 2 reads CDI specs (``runtime`` nodes; a DRA driver writes them)."""
+        return self.root / "cdi"
+
     def _write_containerd_config(self) -> None:
+        if self.runtime is not None:
+            self._write_containerd2_config()
+            return
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         (self.root / "containerd.toml").write_text(f"""\
 version = 2
@@ -495,6 +528,60 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
 """)
+        self._write_network_config()
+
+    def _write_containerd2_config(self) -> None:
+        """containerd 2's configuration (version 3: the CRI plugin split in images, runtime
+        and server), with the same settings as 1.6's, and CDI specs read from ``cdi_dir``."""
+        images, runtime = (
+            "plugins.'io.containerd.cri.v1.images'",
+            "plugins.'io.containerd.cri.v1.runtime'",
+        )
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        (self.root / "containerd.toml").write_text(f"""\
+version = 3
+root = "{self.root / "containerd" / "root"}"
+state = "{self.root / "containerd" / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.root / "containerd-ttrpc.sock"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{self.root / "containerd" / "opt"}"
+[{images}]
+  snapshotter = "overlayfs"
+[{images}.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[{images}.registry]
+  config_path = "{self.root / "certs.d"}"
+[{runtime}]
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["{self.cdi_dir}"]
+[{runtime}.cni]
+  bin_dirs = ["{CNI_BIN}"]
+  conf_dir = "{self.root / "cni"}"
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{runtime}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+""")
+        self._write_network_config()
+
+    def _write_network_config(self) -> None:
         # The agent DaemonSet's image is on Docker Hub: its pod on a real node never pulls it
         # (the agent runs as a host process), whatever this machine can reach.
         # (containerd 1.6 ignores a hosts.toml without a host tree, and asks Docker Hub.)

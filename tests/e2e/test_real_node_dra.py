@@ -4,9 +4,9 @@ real-1's agent serves kubelet's DRA plugin instead of the device plugin: the rea
 registers it, the leader publishes real-1's GPUs as a ResourceSlice, the real kube-scheduler
 allocates a claim's device and binds the pod, and the real kubelet calls the plugin's
 NodePrepareResources before it starts the container (and NodeUnprepareResources after). A hot
-GPU's device is tainted and the scheduler gives the next claim another one. Debian's containerd
-1.6 does not read CDI specs, so the container runs without the GPU's environment; the CDI spec
-the plugin wrote for it is checked instead.
+GPU's device is tainted and the scheduler gives the next claim another one. real-1 runs
+containerd 2, which reads the CDI spec the plugin writes for a claim: the container gets the
+GPU's environment from it (Debian's containerd 1.6 reads none).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.e2e.conftest import REAL_NODES, Cluster, until
 from tests.e2e.edgegpu import NAMESPACE, Agent
 from tests.e2e.realnode import RealNode, real_pod
 from tests.e2e.test_policy_and_auth import patch_policy
-from tests.e2e.test_real_node import _restart
+from tests.e2e.test_real_node import PRINT_ENV, _restart, envs_of
 from tests.e2e.test_remediation import _policy_in_force
 
 pytestmark = pytest.mark.skipif(
@@ -42,7 +42,7 @@ def _dra_args(node: RealNode) -> list[str]:
 
 
 def _cdi(node: RealNode) -> Path:
-    return node.root / "cdi"
+    return node.cdi_dir
 
 
 @pytest.fixture
@@ -115,10 +115,12 @@ def _devices(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f"gpu-{d['attributes']['index']['int']}": d for d in doc["spec"]["devices"]}
 
 
-def _claim_pod(cluster: Cluster, ns: str, name: str, node: str) -> dict[str, Any]:
+def _claim_pod(
+    cluster: Cluster, ns: str, name: str, node: str, command: str = WAIT
+) -> dict[str, Any]:
     """A pod whose one container takes a whole GPU of ours through a claim template."""
     pod = cluster.pod(name, ns, node_selector={"kubernetes.io/hostname": node})
-    pod = real_pod(pod, WAIT)
+    pod = real_pod(pod, command)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "whole-gpu"}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     return pod
@@ -189,7 +191,7 @@ def test_a_claim_gets_a_gpu_of_the_slice_the_leader_publishes_and_the_real_kubel
 
     _template(cluster, ns)
     t1 = time.monotonic()
-    cluster.create(_claim_pod(cluster, ns, "whole", node.name))
+    cluster.create(_claim_pod(cluster, ns, "whole", node.name, PRINT_ENV))
     until("the claim pod Running on the real node", lambda: _running(cluster, ns, "whole"), 120.0)
     running = time.monotonic() - t1
     device, claim = until("its claim allocated", lambda: _allocated(cluster, ns, "whole"), 10.0)
@@ -197,6 +199,11 @@ def test_a_claim_gets_a_gpu_of_the_slice_the_leader_publishes_and_the_real_kubel
     spec = json.loads(spec_file.read_text())
     (cdi,) = spec["devices"]
     assert f"NVIDIA_VISIBLE_DEVICES={uuids[device]}" in cdi["containerEdits"]["env"], spec
+    # containerd 2 applied the spec kubelet named: the container runs with that GPU's env.
+    assert node.runtime is not None, "real-1 runs containerd 2"
+    envs = until("the claim pod's printed environment", lambda: envs_of(cluster, ns, "whole"),
+                 60.0)  # fmt: skip
+    assert envs.get("NVIDIA_VISIBLE_DEVICES") == uuids[device], envs
 
     # Samples go on arriving; the slice is written again only when what it says changes.
     before = _slice(cluster, node.name)
@@ -209,7 +216,8 @@ def test_a_claim_gets_a_gpu_of_the_slice_the_leader_publishes_and_the_real_kubel
     cluster.cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods/whole")
     until("the claim unprepared: its CDI spec removed", lambda: not spec_file.exists(), 90.0)
     say(f"DRA on a real node: a claim pod Running {running:.1f} s after its creation, on "
-        f"{device}")  # fmt: skip
+        f"{device}, NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']} in its container "
+        "(from the CDI spec, containerd 2)")  # fmt: skip
 
 
 def test_an_xid_gpu_is_tainted_and_the_fault_loop_drains_the_claim_pod_on_it(

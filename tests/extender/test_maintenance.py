@@ -378,3 +378,16 @@ def test_a_validation_that_never_answers_fails_later_at_the_long_level(
     f.round(after_s=20)
     assert f.state("n0") is State.FAILED
     assert "validationTimeout" in f.progress.nodes["n0"].message
+
+
+def test_a_level_edited_during_a_validation_applies_to_the_next_node_not_the_running_test() -> None:
+    f = Fleet(restart=True, validationLevel=3)
+    f.round()
+    f.round()
+    f.agent("n0")
+    f.round()
+    assert f.state("n0") is State.VALIDATING and f.progress.nodes["n0"].level == 3
+    f.spec = f.spec.model_copy(update={"validation_level": 1})  # a person edits the spec
+    f.round(after_s=1900)  # past the 30 min of level 1, not the 2 h of the level asked
+    assert f.state("n0") is State.VALIDATING
+    assert f.progress.nodes["n0"].level == 3  # read back from the status by a new leader
