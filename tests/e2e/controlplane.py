@@ -46,13 +46,12 @@ def free_port() -> int:
         return port
 
 
-def build_binaries() -> Path:
-    """The folder of control-plane binaries: built once and cached, or ``EDGEGPU_E2E_BIN``."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-    )
+def build_binaries(script: Path = BUILD_SCRIPT) -> Path:
+    """The folder a build script prints (control-plane binaries by default): built once and
+    cached, or ``EDGEGPU_E2E_BIN``."""
+    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
-        raise ClusterError(f"{BUILD_SCRIPT.name} failed with status {proc.returncode}")
+        raise ClusterError(f"{script.name} failed with status {proc.returncode}")
     return Path(proc.stdout.strip().splitlines()[-1])
 
 

@@ -56,6 +56,7 @@ from tests.e2e.controlplane import (
     ControlPlane,
     Fatal,
     Process,
+    build_binaries,
     free_port,
     kubeconfig_text,
     openssl,
@@ -117,12 +118,7 @@ CONTAINERD2_SCRIPT = Path(__file__).resolve().parent / "build-containerd.sh"
 
 def containerd2() -> Path:
     """The folder of containerd 2's programs: built once and cached (``build-containerd.sh``)."""
-    proc = subprocess.run(
-        ["bash", str(CONTAINERD2_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise ClusterError(f"{CONTAINERD2_SCRIPT.name} failed with status {proc.returncode}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return build_binaries(CONTAINERD2_SCRIPT)
 
 
 def missing_programs() -> dict[str, str]:
