@@ -96,6 +96,9 @@ class FaultLoop:
         """Node → cordons the API refused in a row, and when to try again (monotonic)."""
         self.aside: Callable[[str], bool] = lambda _node: False
         """Whether a GPU maintenance holds a node (set by the maintainer): we stand aside."""
+        self._acting_since = 0.0
+        """When this replica began acting, API clock: every wait is measured from then at the
+        earliest (a gap with no leader, or remediation paused, is nobody's drain time)."""
 
     def reset(self) -> None:
         """Leadership lost or remediation off: forget everything but what the nodes hold."""
@@ -249,10 +252,11 @@ class FaultLoop:
         if args.dry_run != self._dry_run:
             self._dry_run, self._loaded = args.dry_run, False  # a dry run's plan is not real
             self._planned.clear()
+        wall = self.act.now()
         if not self._loaded:
             self._load()
+            self._acting_since = wall
         nodes = self.nodes()
-        wall = self.act.now()
         names = sorted(set(self.state.store.nodes()) | set(self.records) | marks.gpu_nodes(nodes))
         cap = args.cordon_cap(len(names))
         for name in names:
@@ -298,7 +302,7 @@ class FaultLoop:
             room, held_by = await self._room(name, obs, args, cap, gpu_nodes)  # a cordon
         new, actions = step(
             rec, obs, wall, args, owner=self.identity, room=room, held_by=held_by,
-            new_id=lambda: uuid.uuid4().hex[:12],
+            new_id=lambda: uuid.uuid4().hex[:12], acting_since=self._acting_since,
         )  # fmt: skip
         if args.dry_run and rec is not None and rec.phase in CORDONED:
             # A dry run stops at planning the drain; it ends when the fault does.

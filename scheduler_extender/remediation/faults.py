@@ -255,6 +255,7 @@ def step(
     room: bool,
     new_id: Callable[[], str],
     held_by: str = "maxUnavailablePercent",
+    acting_since: float = 0.0,
 ) -> tuple[Record | None, tuple[Action, ...]]:
     """The node's next record and the actions that take it there.
 
@@ -262,7 +263,10 @@ def step(
     what holds it back when not ("": nothing worth writing down, e.g. stale telemetry). Every
     transition looks at the
     fault as it is now: a fault that clears while suspect ends it without a cordon; a self-test
-    that passes while the fault is still reported counts as failed.
+    that passes while the fault is still reported counts as failed. ``acting_since``: when
+    this leader began acting (after a leader change, a restart, or remediation off or paused):
+    a drain, self-test or reboot is waited for from then at the earliest, never for less than
+    its timeout by someone acting.
     """
     # The annotation holds microseconds: decide on the time a new leader would read back, so
     # that a restart never turns a wait that just ended into one that has not.
@@ -314,7 +318,7 @@ def step(
         if rec.gpus is not None:
             wider = None if obs.gpus is None else tuple(sorted({*rec.gpus, *obs.gpus}))
             rec = replace(rec, gpus=wider)
-    waited = now - rec.since
+    waited = now - max(rec.since, acting_since)
     unreachable = NODE_SILENT in faults
     if rec.phase is Phase.DRAINING:
         if unreachable and waited > args.reboot_timeout_s:

@@ -629,3 +629,21 @@ async def test_a_ledger_tripped_by_an_operator_while_an_eviction_is_written_down
 
 def test_a_thousand_refusals_in_a_row_still_wait_a_minute() -> None:
     assert [backoff_s(n) for n in (0, 1, 2, 5, 6, 7, 2000)] == [1, 2, 4, 32, 60, 60, 60]
+
+
+async def test_a_gap_with_no_leader_is_not_counted_against_a_self_test(
+    kube: FakeKube, kubeconfig: Path
+) -> None:
+    c = Cluster(kube, kubeconfig)
+    a = c.remediator()
+    await to_self_test(c, a)
+    c.clock.advance(1200.0)  # 20 minutes with no replica leading (selfTestTimeout is 10)
+    b = c.remediator("replica-b")
+    c.push("n0", 0)
+    await b.step()
+    assert c.record("n0")["state"] == "self-test"  # b waits its own 10 minutes
+    c.clock.advance(660.0)
+    c.push("n0", 0)
+    await b.step()
+    assert c.record("n0")["state"] == "needs-human"
+    assert "no self-test verdict in 660 s" in json.dumps(c.record("n0"))
