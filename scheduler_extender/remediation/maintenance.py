@@ -38,9 +38,8 @@ from pydantic import (
 
 from scheduler_extender.policy.base import Duration
 from scheduler_extender.remediation.faults import epoch as _epoch, stamp as _stamp
+from scheduler_extender.telemetry.answer import STEP_PATTERN
 
-STEP_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-"""A step's name: a DNS label (what an agent's allow-list is keyed by)."""
 _LABEL_KEY = (
     r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )

@@ -61,10 +61,9 @@ RequestId = Annotated[str, Strict(), StringConstraints(pattern=r"^[\x21-\x7e]{1,
 """Printable ASCII with no space: it is written into the reboot sentinel."""
 BootId = Annotated[str, Strict(), StringConstraints(pattern=r"^[\x21-\x7e]{1,128}$")]
 ValidationLevel = Annotated[int, Strict(), Field(ge=1, le=3)]
-StepName = Annotated[
-    str, Strict(), StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-]
+STEP_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A maintenance step's name: a DNS label, looked up in the agent's own allow-list."""
+StepName = Annotated[str, Strict(), StringConstraints(pattern=STEP_PATTERN)]
 
 
 @dataclass(frozen=True)
