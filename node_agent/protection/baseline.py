@@ -65,37 +65,10 @@ class Baseline:
         checks = []
         for check in doc.get("checks") or []:
             before = last.get(check.get("name"))
-            figures = check.get("figures") or {}
-            drops = []
-            if isinstance(before, dict) and self.drop_pct > 0 and check.get("outcome") == "skipped":
-                kept_gbps = [
-                    k for k, v in before.items() if k.endswith(COMPARED_SUFFIX) and _number(v)
-                ]
-                if kept_gbps:  # the program is gone: what it measured is no longer verified
-                    drops.append(
-                        f"not run ({check.get('detail') or 'skipped'}); it measured "
-                        f"{len(kept_gbps)} bandwidth(s) at this node's last pass"
-                    )
-            if isinstance(before, dict) and self.drop_pct > 0 and check.get("outcome") == "pass":
-                for key, was in before.items():
-                    if key.endswith(COMPARED_SUFFIX) and _number(was) and key not in figures:
-                        drops.append(
-                            f"{key.removesuffix(COMPARED_SUFFIX)} not measured, "
-                            f"{was:g} GB/s at this node's last pass"
-                        )
+            drops: list[str] = []
             if isinstance(before, dict) and self.drop_pct > 0:
-                for key, value in figures.items():
-                    was = before.get(key)
-                    if not key.endswith(COMPARED_SUFFIX) or not _number(was) or not _number(value):
-                        continue
-                    assert isinstance(was, int | float)
-                    compared += 1
-                    if value < was * (1 - self.drop_pct / 100):
-                        pct = 100 * (1 - value / was)
-                        drops.append(
-                            f"{key.removesuffix(COMPARED_SUFFIX)} {value:g} GB/s is {pct:.0f}% "
-                            f"below this node's last pass ({was:g} GB/s)"
-                        )
+                drops, n = self._drops(check, before)
+                compared += n
             if drops:
                 check = {
                     **check,
@@ -114,6 +87,39 @@ class Baseline:
         if passed:
             self._keep(checks, last, gpus)
         return judged
+
+    def _drops(self, check: dict[str, Any], before: dict[str, Any]) -> tuple[list[str], int]:
+        """What fails ``check`` against its figures at the last pass, and how many it compared."""
+        kept = {k: v for k, v in before.items() if k.endswith(COMPARED_SUFFIX) and _number(v)}
+        figures = check.get("figures") or {}
+        if check.get("outcome") == "skipped":
+            if not kept:
+                return [], 0
+            # The program is gone: what it measured is no longer verified.
+            why = check.get("detail") or "skipped"
+            return [f"not run ({why}); it measured {len(kept)} bandwidth(s) at this node's last "
+                    "pass"], 0  # fmt: skip
+        drops = []
+        if check.get("outcome") == "pass":
+            drops = [
+                f"{k.removesuffix(COMPARED_SUFFIX)} not measured, {was:g} GB/s at this node's "
+                "last pass"
+                for k, was in kept.items()
+                if k not in figures
+            ]
+        compared = 0
+        for key, value in figures.items():
+            was = kept.get(key)
+            if was is None or not _number(value):
+                continue
+            compared += 1
+            if value < was * (1 - self.drop_pct / 100):
+                pct = 100 * (1 - value / was)
+                drops.append(
+                    f"{key.removesuffix(COMPARED_SUFFIX)} {value:g} GB/s is {pct:.0f}% "
+                    f"below this node's last pass ({was:g} GB/s)"
+                )
+        return drops, compared
 
     def _keep(
         self, checks: Sequence[dict[str, Any]], last: dict[str, Any], gpus: Sequence[str]

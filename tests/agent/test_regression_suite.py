@@ -198,6 +198,17 @@ def program(folder: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+def assert_gone(pid: int, why: str) -> None:
+    """The process ``pid`` ends within 5 s."""
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(why)
+
+
 def replay(folder: Path, name: str, fixture: str, code: int = 0) -> None:
     program(folder, name, f"cat '{FIXTURES / fixture}'\nexit {code}")
 
@@ -246,15 +257,7 @@ def test_a_tool_that_hangs_is_killed_with_its_children_at_the_timeout(tmp_path):
     assert time.monotonic() - started < 20
     (check,) = doc["checks"]
     assert check["outcome"] == "fail" and "timed out after 1 s" in check["detail"]
-    child = int((tmp_path / "child").read_text())
-    for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the tool's child outlived the timeout")
+    assert_gone(int((tmp_path / "child").read_text()), "the tool's child outlived the timeout")
 
 
 def test_a_tool_that_exits_leaving_a_child_on_its_output_is_not_waited_for(tmp_path):
@@ -521,15 +524,7 @@ def test_closing_the_backend_stops_the_program_running_and_starts_no_other(tmp_p
         ("long", "fail", "stopped: the agent is stopping"),
         ("next", "fail", "not run: the agent is stopping"),
     ]
-    child = int((tmp_path / "child").read_text())
-    for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the program's child outlived the stop")
+    assert_gone(int((tmp_path / "child").read_text()), "the program's child outlived the stop")
 
 
 def test_a_suite_past_its_time_fails_what_it_could_not_run(tmp_path):
