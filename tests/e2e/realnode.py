@@ -487,21 +487,7 @@ class RealNode:
             return
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         (self.root / "containerd.toml").write_text(f"""\
-version = 2
-root = "{self.root / "containerd" / "root"}"
-state = "{self.root / "containerd" / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{self.root / "containerd-ttrpc.sock"}"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
+{self._containerd_head(2, ["aufs", "btrfs", "zfs", "devmapper"], [])}[plugins."io.containerd.internal.v1.opt"]
   path = "{self.root / "containerd" / "opt"}"
 [{cri}]
   sandbox_image = "{PAUSE_IMAGE}"
@@ -526,6 +512,26 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """)
         self._write_network_config()
 
+    def _containerd_head(self, version: int, snapshotters: list[str], plugins: list[str]) -> str:
+        """The start of either containerd's configuration: where it keeps its data and listens,
+        and the plugins it does not load (snapshotters the nodes do not use, tracing)."""
+        off = [f"io.containerd.snapshotter.v1.{s}" for s in snapshotters]
+        off += ["io.containerd.tracing.processor.v1.otlp", *plugins]
+        return f"""\
+version = {version}
+root = "{self.root / "containerd" / "root"}"
+state = "{self.root / "containerd" / "state"}"
+disabled_plugins = {json.dumps(off)}
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.root / "containerd-ttrpc.sock"}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+"""
+
     def _write_containerd2_config(self) -> None:
         """containerd 2's configuration (version 3: the CRI plugin split in images, runtime
         and server), with the same settings as 1.6's, and CDI specs read from ``cdi_dir``."""
@@ -535,21 +541,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         )
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         (self.root / "containerd.toml").write_text(f"""\
-version = 3
-root = "{self.root / "containerd" / "root"}"
-state = "{self.root / "containerd" / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.nri.v1.nri"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{self.root / "containerd-ttrpc.sock"}"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins.'io.containerd.internal.v1.opt']
+{self._containerd_head(3, ["btrfs", "zfs", "devmapper"], ["io.containerd.nri.v1.nri"])}[plugins.'io.containerd.internal.v1.opt']
   path = "{self.root / "containerd" / "opt"}"
 [{images}]
   snapshotter = "overlayfs"
